@@ -1,0 +1,78 @@
+"""Caption images and evaluate a PyTorch model: the library behind ``edgecap caption`` and ``edgecap eval``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from edgecap.data.features import cached_features
+from edgecap.data.records import ImageRecord
+from edgecap.evaluation import Evaluator, Scores
+from edgecap.preprocess import load_images
+from edgecap.runtime.search import Hypothesis, SearchOptions
+from edgecap.torch_backend import search_features
+from edgecap.training.checkpoint import LoadedModel
+
+
+@dataclass(frozen=True)
+class Caption:
+    image: Path
+    text: str
+    words: tuple[str, ...]
+    attention: np.ndarray  # (len(words) + 1, L): one map per word and the end token
+    logprob: float
+
+
+def _caption_of(path: Path, hyp: Hypothesis, loaded: LoadedModel) -> Caption:
+    text = loaded.vocab.decode(hyp.tokens)
+    return Caption(image=path, text=text, words=tuple(text.split()), attention=hyp.attention, logprob=hyp.logprob)
+
+
+@torch.no_grad()
+def encode_images(loaded: LoadedModel, paths: Sequence[Path], *, batch_size: int = 32,
+                  progress: bool = False) -> torch.Tensor:
+    """Grid features (N, L, C) of image files, through the model's own encoder."""
+    loaded.captioner.eval()
+    chunks = []
+    starts = range(0, len(paths), batch_size)
+    for start in tqdm(starts, desc="encoding", unit="batch", disable=not progress, leave=False):
+        pixels = torch.from_numpy(load_images(paths[start:start + batch_size], loaded.prep))
+        chunks.append(loaded.captioner.encode(pixels))
+    return torch.cat(chunks)
+
+
+def caption_images(loaded: LoadedModel, paths: Sequence[Path], options: SearchOptions) -> list[Caption]:
+    """One caption per image file, best beam first."""
+    features = encode_images(loaded, paths)
+    hyps = search_features(loaded.captioner.decoder, features, loaded.vocab, options)
+    return [_caption_of(p, h, loaded) for p, h in zip(paths, hyps)]
+
+
+def split_features(loaded: LoadedModel, records: Sequence[ImageRecord]) -> np.ndarray | torch.Tensor:
+    """Features of a dataset split; the on-disk cache serves pretrained frozen encoders."""
+    if loaded.encoder_config.name.startswith("efficientnet_lite") and not loaded.encoder_config.finetune:
+        return cached_features(records, loaded.encoder_config, loaded.prep, label="eval features")
+    return encode_images(loaded, [r.path for r in records], progress=True)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    scores: Scores
+    captions: dict[str, str]  # image_id -> generated caption
+    n_images: int
+    beam_size: int
+
+
+def evaluate_model(loaded: LoadedModel, records: Sequence[ImageRecord], options: SearchOptions, *,
+                   evaluator: Evaluator) -> EvalResult:
+    """Caption every record with beam search and score against its human references."""
+    features = split_features(loaded, records)
+    hyps = search_features(loaded.captioner.decoder, features, loaded.vocab, options)
+    captions = {r.image_id: loaded.vocab.decode(h.tokens) for r, h in zip(records, hyps)}
+    references = {r.image_id: list(r.captions) for r in records}
+    return EvalResult(evaluator.score(references, captions), captions, len(records), options.beam_size)

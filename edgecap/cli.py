@@ -1,0 +1,129 @@
+"""The ``edgecap`` command line: one thin typer command per stage, each calling a library function."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgecap.errors import EdgecapError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Image captioning from PyTorch training to fast, verified inference.")
+
+
+class ModelId(str, Enum):
+    sat = "sat"
+
+
+class PresetName(str, Enum):
+    tiny = "tiny"
+    base = "base"
+
+
+class Backend(str, Enum):
+    torch = "torch"
+
+
+ModelDir = Annotated[Path | None, typer.Option("--model", help="Run directory or checkpoint (default: shipped model)")]
+Beam = Annotated[int, typer.Option(help="Beam size (1 = greedy)", min=1)]
+
+
+@app.command()
+def train(
+    model: Annotated[ModelId, typer.Option(help="Architecture to train")] = ModelId.sat,
+    data: Annotated[str, typer.Option(help="Dataset spec: flickr8k:DIR, karpathy:FILE.json[:ROOT], coco:DIR, shapes")]
+    = "shapes",
+    out: Annotated[Path, typer.Option(help="Run directory")] = Path("runs/sat"),
+    preset: Annotated[PresetName, typer.Option(help="Configuration size")] = PresetName.base,
+    max_steps: Annotated[int, typer.Option(help="Stop cross-entropy after N optimiser steps (0: no limit)")] = 0,
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out after a stop")] = False,
+    finetune_encoder: Annotated[bool, typer.Option(help="Train the image encoder too (GPU)")] = False,
+    scst_epochs: Annotated[int | None, typer.Option(help="Self-critical epochs after cross-entropy")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override SECTION.FIELD=VALUE (train/model/encoder)")]
+    = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Feature cache folder (default $EDGECAP_CACHE)")] = None,
+) -> None:
+    """Train a captioner: cross-entropy, then self-critical CIDEr-D training."""
+    from edgecap.training.loop import resolve_run
+    from edgecap.training.loop import train as run_training
+
+    overrides = list(set_ or [])
+    overrides += [f"train.max_steps={max_steps}"] if max_steps else []
+    overrides += ["encoder.finetune=true"] if finetune_encoder else []
+    overrides += [f"train.scst_epochs={scst_epochs}"] if scst_epochs is not None else []
+    spec = resolve_run(model.value, data, preset.value, overrides)
+    result = run_training(run_dir=out, spec=spec, resume=resume, cache_dir=cache_dir)
+    typer.echo(f"best dev CIDEr-D {result['best_dev_cider']:.2f} after {result['steps']} steps; model: {out / 'best.pt'}")
+
+
+@app.command("eval")
+def evaluate(
+    run: Annotated[Path | None, typer.Argument(help="Run directory or checkpoint (default: shipped model)")] = None,
+    data: Annotated[str, typer.Option(help="Dataset spec")] = "shapes",
+    split: Annotated[str, typer.Option(help="Split to score")] = "dev",
+    beam: Beam = 3,
+    max_images: Annotated[int, typer.Option(help="Score only the first N images (0: all)")] = 0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write metrics and captions as JSON")] = None,
+) -> None:
+    """Score a model's beam-search captions with BLEU, METEOR, ROUGE-L and CIDEr-D."""
+    from edgecap.captioning import evaluate_model
+    from edgecap.data import load_dataset
+    from edgecap.evaluation import Evaluator
+    from edgecap.report import eval_json, eval_table, write_json
+    from edgecap.runtime.search import SearchOptions
+    from edgecap.training.checkpoint import load_model
+
+    loaded = load_model(run)
+    records = load_dataset(data).split(split)
+    records = records[:max_images] if max_images else records
+    with Evaluator() as evaluator:
+        result = evaluate_model(loaded, records, SearchOptions(beam_size=beam), evaluator=evaluator)
+    typer.echo(eval_table(result))
+    for metric, reason in result.scores.skipped.items():
+        typer.echo(f"{metric} skipped: {reason}")
+    if json_out:
+        write_json(eval_json(result), json_out)
+
+
+@app.command()
+def caption(
+    images: Annotated[list[Path], typer.Argument(help="Image files")],
+    model: ModelDir = None,
+    backend: Annotated[Backend, typer.Option(help="Inference backend")] = Backend.torch,
+    beam: Beam = 3,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object per image")] = False,
+    attention: Annotated[Path | None, typer.Option(help="Write attention maps as PNG (one file per image)")] = None,
+) -> None:
+    """Print one caption per image."""
+    from edgecap.captioning import caption_images
+    from edgecap.preprocess import read_rgb
+    from edgecap.report import attention_png, caption_json
+    from edgecap.runtime.search import SearchOptions
+    from edgecap.training.checkpoint import load_model
+
+    loaded = load_model(model)
+    captions = caption_images(loaded, images, SearchOptions(beam_size=beam))
+    for i, result in enumerate(captions):
+        typer.echo(json.dumps(caption_json(result)) if json_output else f"{result.image}: {result.text}")
+        if attention:
+            target = attention if len(captions) == 1 else attention.with_stem(f"{attention.stem}-{i}")
+            attention_png(result, read_rgb(result.image), target)
+
+
+def main() -> None:
+    """Entry point: user errors become one line on stderr and exit status 2 (``--debug`` keeps the traceback)."""
+    debug = "--debug" in sys.argv
+    if debug:
+        sys.argv.remove("--debug")
+    try:
+        app()
+    except EdgecapError as err:
+        if debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)

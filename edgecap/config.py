@@ -1,0 +1,116 @@
+"""Frozen configuration dataclasses, presets and strict ``section.field=value`` overrides (torch-free).
+
+Architecture always comes from the artifact (checkpoint or manifest), never from
+CLI flags: these configs are only read when a run starts from scratch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from edgecap.errors import EdgecapError
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    name: str = "efficientnet_lite0"  # efficientnet_lite0/1/2, resnet101 or small_cnn
+    image_size: int = 224  # square input side; grid is image_size/32 (small_cnn: /16)
+    weights: str = ""  # resnet101 only: a torchvision-format state dict file
+    finetune: bool = False  # train the encoder too (GPU); a frozen encoder allows the feature cache
+    channels: int = 64  # small_cnn width
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 64  # (image, caption) pairs per cross-entropy step
+    lr: float = 4e-4  # AdamW peak learning rate (cross-entropy)
+    weight_decay: float = 1e-4  # AdamW decoupled weight decay
+    warmup_steps: int = 500  # linear warm-up, then cosine decay to lr/10 over `epochs`
+    epochs: int = 20  # cross-entropy epochs at most (early stopping may end sooner)
+    max_steps: int = 0  # stop cross-entropy after this many optimiser steps (0: no limit)
+    grad_clip: float = 2.0  # max global gradient norm
+    patience: int = 3  # epochs without a better dev CIDEr before stopping a phase
+    seed: int = 0  # seeds torch, numpy and the batch order
+    min_word_count: int = 5  # rarer training words become <unk>
+    max_caption_length: int = 20  # words kept per training caption and longest decode
+    doubly_stochastic: float = 1.0  # lambda of mean_i (1 - sum_t alpha_ti)^2 (the paper's sum over i, scaled by 1/L)
+    hard_entropy: float = 0.01  # hard attention: entropy bonus lambda_e
+    hard_baseline_decay: float = 0.9  # hard attention: moving-average baseline b = d*b + (1-d)*log p
+    scst_epochs: int = 0  # self-critical epochs after cross-entropy (0: none)
+    scst_lr: float = 2e-5  # learning rate of the self-critical phase
+    scst_samples: int = 5  # sampled captions per image
+    scst_baseline: str = "mean"  # "mean" (of the other samples) or "greedy"
+    scst_batch_images: int = 32  # images per self-critical step
+    eval_beam: int = 3  # beam size for dev selection
+    eval_images: int = 0  # dev images used for selection (0: all)
+
+    def __post_init__(self):
+        if self.scst_baseline not in ("mean", "greedy"):
+            raise EdgecapError(f"train.scst_baseline must be 'mean' or 'greedy', got '{self.scst_baseline}'")
+        if self.scst_baseline == "mean" and self.scst_samples < 2:
+            raise EdgecapError(f"train.scst_baseline=mean needs train.scst_samples >= 2, got {self.scst_samples}")
+        for name in ("batch_size", "epochs", "eval_beam", "max_caption_length"):
+            if getattr(self, name) < 1:
+                raise EdgecapError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Preset:
+    encoder: EncoderConfig
+    train: TrainConfig
+    model: dict = field(default_factory=dict)  # model-config overrides (fields of the model's config class)
+
+
+PRESETS = {
+    "base": Preset(EncoderConfig(), TrainConfig(batch_size=128, lr=5e-4, warmup_steps=300, epochs=12, scst_epochs=8),
+                   {"embed_dim": 256, "att_dim": 256}),
+    "tiny": Preset(
+        EncoderConfig(name="small_cnn", image_size=96, finetune=True, channels=32),
+        TrainConfig(batch_size=32, lr=2e-3, warmup_steps=50, epochs=8, patience=8, min_word_count=1,
+                    max_caption_length=16, eval_beam=1, eval_images=100, scst_lr=5e-5, scst_batch_images=16),
+        {"embed_dim": 64, "hidden_dim": 128, "att_dim": 64, "dropout": 0.1},
+    ),
+}
+
+
+def _coerce(value: str, current: object, key: str) -> object:
+    if isinstance(current, bool):
+        if value.lower() in ("1", "true", "yes"):
+            return True
+        if value.lower() in ("0", "false", "no"):
+            return False
+        raise EdgecapError(f"--set {key}={value}: expected true or false")
+    try:
+        return type(current)(value) if current is not None else value
+    except ValueError:
+        raise EdgecapError(f"--set {key}={value}: expected a {type(current).__name__}") from None
+
+
+def apply_overrides(preset: Preset, overrides: list[str], model_fields: dict[str, object]) -> Preset:
+    """``["train.lr=1e-3", "model.hidden_dim=256", "encoder.finetune=true"]`` applied strictly.
+
+    ``model_fields`` maps the model config's field names to their defaults, so
+    model overrides are checked against the chosen architecture.
+    """
+    encoder, train, model = preset.encoder, preset.train, dict(preset.model)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        section, _, name = key.partition(".")
+        if not sep or section not in ("train", "model", "encoder"):
+            raise EdgecapError(f"--set {item}: expected SECTION.FIELD=VALUE with SECTION train, model or encoder")
+        if section == "model":
+            if name not in model_fields:
+                raise EdgecapError(f"--set {item}: the model has no field '{name}'; known: {', '.join(model_fields)}")
+            model[name] = _coerce(value, model.get(name, model_fields[name]), key)
+            continue
+        target = train if section == "train" else encoder
+        known = {f.name for f in dataclasses.fields(target)}
+        if name not in known:
+            raise EdgecapError(f"--set {item}: {section} has no field '{name}'; known: {', '.join(sorted(known))}")
+        updated = dataclasses.replace(target, **{name: _coerce(value, getattr(target, name), key)})
+        if section == "train":
+            train = updated
+        else:
+            encoder = updated
+    return Preset(encoder, train, model)

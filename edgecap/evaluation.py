@@ -1,0 +1,163 @@
+"""Captioning metrics through pycocoevalcap, scored the way papers score them.
+
+Captions are tokenised with pycocoevalcap's Stanford PTBTokenizer rather than ``edgecap.vocab.tokenize``:
+the two split words differently ("man's" -> "man 's" vs "mans"), and only the PTB numbers are comparable
+with published results. That tokeniser, METEOR and SPICE run on Java, so scoring needs ``java`` on the
+PATH; Java-free CIDEr for model selection lives in ``edgecap.training.cider``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pycocoevalcap.spice
+from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.cider.cider import Cider
+from pycocoevalcap.meteor.meteor import Meteor
+from pycocoevalcap.rouge.rouge import Rouge
+from pycocoevalcap.spice.spice import Spice
+from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+from edgecap.errors import EdgecapError
+
+SPICE_LIB = Path(pycocoevalcap.spice.__file__).parent / "lib"
+# pycocoevalcap downloads these on SPICE's first use; offline that fails, so SPICE runs only if they are there.
+SPICE_JARS = ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar")
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Corpus metrics of one set of candidates, on pycocoevalcap's raw scales (CIDEr ~0-10, others 0-1)."""
+
+    metrics: dict[str, float]  # Bleu_1..Bleu_4, METEOR, ROUGE_L, CIDEr, and SPICE when it ran
+    per_image_cider: dict[str, float]  # image id -> CIDEr, for paired comparisons of two systems
+    skipped: dict[str, str]  # metric -> one-line reason it was not computed
+
+
+def spice_skip_reason(lib_dir: Path = SPICE_LIB) -> str | None:
+    """Why SPICE cannot run offline (its Stanford CoreNLP jars are missing from ``lib_dir``), or None."""
+    missing = [jar for jar in SPICE_JARS if not (lib_dir / jar).is_file()]
+    if not missing:
+        return None
+    return f"Stanford CoreNLP jars missing from {lib_dir} ({', '.join(missing)}); pycocoevalcap would download them"
+
+
+def _require_java() -> None:
+    if shutil.which("java") is None:
+        raise EdgecapError(
+            "java not found on PATH: pycocoevalcap's PTB tokenizer, METEOR and SPICE need it; "
+            "install a Java runtime, e.g. `apt-get install default-jre-headless`"
+        )
+
+
+def _stop_meteor(meteor: Meteor) -> None:
+    """End METEOR's JVM: end-of-input makes it exit within ~0.1 s; kill it only if it does not."""
+    process = meteor.meteor_p
+    # pycocoevalcap leaves its lock held when a call fails midway; waiting on it forever would hang exit.
+    locked = meteor.lock.acquire(timeout=10)
+    try:
+        process.stdin.close()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        process.stdout.close()
+        process.stderr.close()
+    finally:
+        if locked:
+            meteor.lock.release()
+
+
+class Evaluator:
+    """Scores candidates against references; keep one per run and reuse it.
+
+    METEOR is a Java subprocess that takes ~10 s to start (JVM plus paraphrase table) and ~1.5 s per
+    1,000 captions once warm, so it is started on first use and kept until ``close()``, the end of a
+    ``with`` block, garbage collection or interpreter exit, whichever comes first.
+    """
+
+    def __init__(self, *, spice: bool = True):
+        self._spice = spice  # SPICE needs an 8 GB Java heap and minutes per split; False skips it
+        self._meteor: Meteor | None = None
+        self._stop: weakref.finalize | None = None
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the METEOR process; a later ``score`` starts a new one."""
+        if self._stop is not None:
+            self._stop()
+        self._meteor = self._stop = None
+
+    def _meteor_scorer(self) -> Meteor:
+        if self._meteor is None:
+            self._meteor = Meteor()
+            # A finalizer, not __del__: it also runs at interpreter exit and holds no reference to self.
+            self._stop = weakref.finalize(self, _stop_meteor, self._meteor)
+        return self._meteor
+
+    def score(self, references: Mapping[str, Sequence[str]], candidates: Mapping[str, str]) -> Scores:
+        """Metrics of one raw caption per image in ``candidates`` against that image's raw ``references``.
+
+        Only the candidates' images are scored, so CIDEr's document frequencies come from their references,
+        as in the COCO evaluation server.
+        """
+        if not candidates:
+            raise ValueError("no candidates to score")
+        unreferenced = [image_id for image_id in candidates if not references.get(image_id)]
+        if unreferenced:
+            raise ValueError(f"{len(unreferenced)} candidate images have no references, e.g. {unreferenced[0]!r}")
+        _require_java()
+        # One tokenizer run (one JVM start) for both sides, told apart by the key's first element.
+        tokenized = PTBTokenizer().tokenize(
+            {
+                (side, image_id): [{"caption": c} for c in captions]
+                for image_id in candidates
+                for side, captions in (("ref", references[image_id]), ("cand", [candidates[image_id]]))
+            }
+        )
+        gts = {image_id: tokenized["ref", image_id] for image_id in candidates}
+        res = {image_id: tokenized["cand", image_id] for image_id in candidates}
+
+        bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
+        metrics = {f"Bleu_{i + 1}": float(value) for i, value in enumerate(bleu)}
+        metrics["METEOR"] = float(self._meteor_scorer().compute_score(gts, res)[0])
+        metrics["ROUGE_L"] = float(Rouge().compute_score(gts, res)[0])
+        cider, per_image = Cider().compute_score(gts, res)
+        metrics["CIDEr"] = float(cider)
+
+        skipped = {}
+        reason = spice_skip_reason() if self._spice else "disabled (Evaluator(spice=False))"
+        if reason is None:
+            metrics["SPICE"] = float(Spice().compute_score(gts, res)[0])
+        else:
+            skipped["SPICE"] = reason
+        return Scores(metrics, dict(zip(gts, map(float, per_image), strict=True)), skipped)
+
+
+def paired_bootstrap_ci(a: np.ndarray, b: np.ndarray, *, samples: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap interval of ``mean(b - a)`` over paired per-item scores ``a``, ``b`` of shape (N,).
+
+    Resampling the pairs, not each system alone, keeps the per-image correlation that makes small
+    differences between two systems on the same images detectable.
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.ndim != 1 or a.shape != b.shape or not len(a):
+        raise ValueError(f"paired_bootstrap_ci needs two equal-length 1-D arrays, got shapes {a.shape} and {b.shape}")
+    difference = b - a
+    rng = np.random.default_rng(seed)
+    # One resample at a time: a (samples, N) index matrix would be 320 MB for a 40k-image split.
+    means = [difference[rng.integers(0, len(difference), len(difference))].mean() for _ in range(samples)]
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)

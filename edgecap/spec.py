@@ -1,0 +1,41 @@
+"""The export contract, torch-free: tensor names, roles and the state in -> out pairs.
+
+Names are data, declared once (STYLE.md rule 3): models write their memory and
+state under these keys, the exporter names graph inputs and outputs with them,
+and the runtime, calibration and TensorRT profiles read them from the manifest.
+"""
+
+from __future__ import annotations
+
+# Step graph inputs that are not state or memory.
+TOKENS = "tokens"  # int64 [N]: the previous word of every row
+STEP = "step"  # int64 scalar: position of the word being predicted
+REORDER = "reorder"  # int64 [N]: parent row of each row; the step gathers state by it
+
+# Step graph outputs.
+TOPK_LOGPROBS = "topk_logprobs"  # float32 [N, k]
+TOPK_IDS = "topk_ids"  # int64 [N, k]
+LOGPROBS = "logprobs"  # float32 [N, V], for teacher-forced parity checks
+ATTENTION = "attention"  # float32 [N, L]
+
+# Encoder graph input.
+PIXELS = "pixels"  # float32 [N, 3, H, W], normalised by edgecap.preprocess
+
+# Memory (computed once per image) and state (carried step to step), LSTM family.
+MEMORY_FEATURES = "memory.features"  # float32 [N, L, D]: annotation vectors a_i
+MEMORY_ATT_PROJ = "memory.att_proj"  # float32 [N, L, A]: W_a a_i, so no step recomputes it
+STATE_H = "state.h"  # float32 [N, H]
+STATE_C = "state.c"  # float32 [N, H]
+
+# Roles tagged on every tensor of the manifest.
+ROLE_MEMORY, ROLE_STATE, ROLE_OUTPUT = "memory", "state", "output"
+BATCH_AXIS = "N"  # the one dynamic dimension: images x beams
+
+
+def role_of(name: str) -> str:
+    """``memory`` / ``state`` / ``output`` from the name's declared prefix."""
+    if name.startswith("memory."):
+        return ROLE_MEMORY
+    if name.startswith("state."):
+        return ROLE_STATE
+    return ROLE_OUTPUT

@@ -1,0 +1,1 @@
+"""Training: cross-entropy and self-critical loops, CIDEr-D reward, checkpoints."""

@@ -1,0 +1,104 @@
+"""Self-describing checkpoints, written atomically and loaded with ``weights_only=True``.
+
+A checkpoint holds everything needed to rebuild the model without CLI flags:
+model id and config, encoder config, preprocessing, vocabulary and weights. The
+encoder's weights are stored only when they differ from the pretrained package
+(fine-tuned or trained from scratch), which keeps the shipped default small.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from edgecap.config import EncoderConfig
+from edgecap.errors import ModelError
+from edgecap.models import MODELS, build_model
+from edgecap.models.captioner import Captioner
+from edgecap.models.encoder import build_encoder
+from edgecap.preprocess import Preprocessing
+from edgecap.vocab import Vocab
+
+FORMAT = "edgecap-checkpoint/1"
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "assets" / "default" / "model.pt"
+
+
+@dataclass
+class LoadedModel:
+    captioner: Captioner
+    model_id: str
+    vocab: Vocab
+    prep: Preprocessing
+    encoder_config: EncoderConfig
+    path: Path
+    metrics: dict
+
+
+def checkpoint_payload(captioner: Captioner, *, model_id: str, vocab: Vocab, prep: Preprocessing,
+                       encoder_config: EncoderConfig, metrics: dict, half: bool = False) -> dict:
+    """The model part of a checkpoint (training state is added by the loop)."""
+    cast = (lambda t: t.half() if t.is_floating_point() else t) if half else (lambda t: t)
+    own_encoder = encoder_config.finetune or encoder_config.name == "small_cnn"
+    return {
+        "format": FORMAT,
+        "model_id": model_id,
+        "model_config": asdict(captioner.decoder.config),
+        "encoder_config": asdict(encoder_config),
+        "preprocessing": prep.to_json(),
+        "vocab": vocab.to_json(),
+        "decoder": {k: cast(v.detach().cpu()) for k, v in captioner.decoder.state_dict().items()},
+        "encoder": {k: cast(v.detach().cpu()) for k, v in captioner.encoder.state_dict().items()} if own_encoder else None,
+        "metrics": metrics,
+    }
+
+
+def save_atomic(payload: dict, path: Path) -> None:
+    """Write to a temp file in the same folder, then rename: a kill never leaves half a checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_checkpoint(path: Path) -> dict:
+    """The raw payload, or a ModelError naming the file and the fix."""
+    if path.is_dir():
+        path = path / "best.pt"
+    if not path.is_file():
+        raise ModelError(f"{path}: no checkpoint; pass a run directory (with best.pt) or a .pt file from edgecap train")
+    try:
+        payload = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # torch raises many types for a corrupt file
+        raise ModelError(f"{path}: not a readable checkpoint ({type(err).__name__}); re-run edgecap train") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise ModelError(f"{path}: checkpoint format '{found}', expected '{FORMAT}'; re-train or upgrade edgecap")
+    return payload
+
+
+def load_model(path: Path | None = None) -> LoadedModel:
+    """Rebuild the captioner of a checkpoint or run directory; ``None`` means the shipped default."""
+    path = Path(path) if path is not None else DEFAULT_MODEL
+    payload = read_checkpoint(path)
+    model_id = payload["model_id"]
+    if model_id not in MODELS:
+        raise ModelError(f"{path}: model '{model_id}' is unknown to this edgecap; upgrade edgecap")
+    encoder_config = EncoderConfig(**payload["encoder_config"])
+    encoder = build_encoder(encoder_config, pretrained=payload["encoder"] is None)
+    if payload["encoder"] is not None:
+        encoder.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in payload["encoder"].items()})
+    decoder = build_model(model_id, payload["model_config"])
+    decoder.load_state_dict({k: v.float() for k, v in payload["decoder"].items()})
+    captioner = Captioner(encoder, decoder).eval()
+    return LoadedModel(captioner=captioner, model_id=model_id, vocab=Vocab.from_json(payload["vocab"]),
+                       prep=Preprocessing.from_json(payload["preprocessing"]), encoder_config=encoder_config,
+                       path=path, metrics=payload.get("metrics", {}))

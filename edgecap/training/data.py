@@ -1,0 +1,67 @@
+"""Training inputs: tokenised caption pairs, references for CIDEr-D, and image features on demand."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edgecap.config import EncoderConfig
+from edgecap.data.features import cached_features
+from edgecap.data.records import ImageRecord
+from edgecap.models.captioner import Captioner
+from edgecap.preprocess import Preprocessing, load_images
+from edgecap.vocab import BOS, EOS, PAD, Vocab, tokenize
+
+
+@dataclass(frozen=True)
+class CaptionPairs:
+    """Every (image, caption) pair of a split: image_index (P,), tokens (P, T+2) as bos w1..wn eos pad..."""
+
+    image_index: np.ndarray
+    tokens: np.ndarray
+
+
+def caption_pairs(records: Sequence[ImageRecord], vocab: Vocab, *, max_length: int) -> CaptionPairs:
+    rows, index = [], []
+    for i, record in enumerate(records):
+        for caption in record.captions:
+            ids = vocab.encode(caption, max_length=max_length)
+            if ids:
+                rows.append([BOS, *ids, EOS])
+                index.append(i)
+    tokens = np.full((len(rows), max_length + 2), PAD, dtype=np.int64)
+    for r, ids in enumerate(rows):
+        tokens[r, : len(ids)] = ids
+    return CaptionPairs(np.asarray(index, dtype=np.int64), tokens)
+
+
+def tokenised_references(records: Sequence[ImageRecord]) -> dict[str, list[list[str]]]:
+    """image_id -> tokenised references, the corpus CIDEr-D takes its document frequencies from."""
+    return {r.image_id: [tokenize(c) for c in r.captions] for r in records}
+
+
+class ImageFeatures:
+    """Grid features of a split: from the fp16 disk cache when the encoder is frozen, else computed per batch."""
+
+    def __init__(self, records: Sequence[ImageRecord], captioner: Captioner, encoder_config: EncoderConfig,
+                 prep: Preprocessing, *, cache_dir: Path | None, label: str):
+        self.records = records
+        self.captioner = captioner
+        self.prep = prep
+        self.cached = None
+        if not encoder_config.finetune:
+            self.cached = cached_features(records, encoder_config, prep, directory=cache_dir, label=label)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def get(self, indices: np.ndarray) -> torch.Tensor:
+        """(len(indices), L, C) float32; differentiable through the encoder when it is fine-tuned."""
+        if self.cached is not None:
+            return torch.from_numpy(self.cached[np.sort(indices)][np.argsort(np.argsort(indices))].astype(np.float32))
+        pixels = torch.from_numpy(load_images([self.records[i].path for i in indices], self.prep))
+        return self.captioner.encode(pixels)

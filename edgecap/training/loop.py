@@ -1,0 +1,284 @@
+"""The training run: cross-entropy with teacher forcing, then self-critical CIDEr-D training.
+
+A run directory holds the resolved ``config.json``, the command line, ``vocab.json``,
+``metrics.jsonl``, ``best.pt`` (selected on dev CIDEr) and ``last.pt`` (everything
+needed to resume). Checkpoints are written at the end of every epoch, atomically,
+so a kill loses at most the epoch in progress.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from edgecap.config import PRESETS, EncoderConfig, Preset, TrainConfig, apply_overrides
+from edgecap.data import CaptionDataset, load_dataset
+from edgecap.errors import ModelError
+from edgecap.models import MODELS, build_model
+from edgecap.models.captioner import Captioner
+from edgecap.models.encoder import build_encoder, grid_features
+from edgecap.preprocess import Preprocessing
+from edgecap.runtime.search import SearchOptions
+from edgecap.torch_backend import captions_of, search_features
+from edgecap.training.checkpoint import checkpoint_payload, read_checkpoint, save_atomic
+from edgecap.training.cider import CiderD
+from edgecap.training.data import ImageFeatures, caption_pairs, tokenised_references
+from edgecap.training.scst import scst_loss
+from edgecap.vocab import PAD, Vocab
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that defines a run; written to config.json and read back on --resume."""
+
+    model_id: str
+    data: str
+    encoder: EncoderConfig
+    train: TrainConfig
+    model: dict
+
+
+def resolve_run(model_id: str, data: str, preset: str, overrides: list[str]) -> RunSpec:
+    if model_id not in MODELS:
+        raise ModelError(f"unknown model '{model_id}'; choose one of {', '.join(MODELS)}")
+    defaults = {f.name: f.default for f in fields(MODELS[model_id][0]) if f.name != "vocab_size"}
+    chosen: Preset = apply_overrides(PRESETS[preset], overrides, defaults)
+    return RunSpec(model_id, data, chosen.encoder, chosen.train, chosen.model)
+
+
+def _lr_factor(step: int, *, warmup: int, total: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class Trainer:
+    """Owns the model, optimiser and data of one run directory."""
+
+    def __init__(self, run_dir: Path, spec: RunSpec, dataset: CaptionDataset, *, cache_dir: Path | None = None):
+        self.run_dir, self.spec, self.cfg = run_dir, spec, spec.train
+        torch.manual_seed(self.cfg.seed)
+        self.train_records, self.dev_records = dataset.split("train"), dataset.split("dev")
+        if self.cfg.eval_images:
+            self.dev_records = self.dev_records[: self.cfg.eval_images]
+        vocab_file = run_dir / "vocab.json"
+        if vocab_file.exists():
+            self.vocab = Vocab.from_json(json.loads(vocab_file.read_text()))
+        else:
+            self.vocab = Vocab.build((c for r in self.train_records for c in r.captions),
+                                     min_count=self.cfg.min_word_count)
+            self.vocab.save(vocab_file)
+        self.prep = Preprocessing(image_size=spec.encoder.image_size)
+        encoder = build_encoder(spec.encoder)
+        with torch.no_grad():
+            probe = grid_features(encoder.eval(), torch.zeros(1, 3, self.prep.image_size, self.prep.image_size))
+        model_config = {"vocab_size": len(self.vocab), "feature_dim": probe.shape[2], "num_locations": probe.shape[1],
+                        **spec.model}
+        self.captioner = Captioner(encoder, build_model(spec.model_id, model_config))
+        if not spec.encoder.finetune:
+            self.captioner.encoder.requires_grad_(False)
+        self.pairs = caption_pairs(self.train_records, self.vocab, max_length=self.cfg.max_caption_length)
+        self.train_features = ImageFeatures(self.train_records, self.captioner, spec.encoder, self.prep,
+                                            cache_dir=cache_dir, label="train features")
+        self.dev_features = ImageFeatures(self.dev_records, self.captioner, spec.encoder, self.prep,
+                                          cache_dir=cache_dir, label="dev features")
+        self.dev_cider = CiderD(tokenised_references(self.dev_records))
+        self.train_cider: CiderD | None = None  # built when the self-critical phase starts
+        self.state = {"phase": "xe", "epoch": 0, "step": 0, "best_cider": -1.0, "bad_epochs": 0, "hard_baseline": 0.0}
+        self.optimizer = self._optimizer(self.cfg.lr)
+
+    def _optimizer(self, lr: float) -> torch.optim.Optimizer:
+        params = [p for p in self.captioner.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=lr, weight_decay=self.cfg.weight_decay)
+
+    # -- checkpoints -------------------------------------------------------------------------------------------
+    def _payload(self, metrics: dict) -> dict:
+        return checkpoint_payload(self.captioner, model_id=self.spec.model_id, vocab=self.vocab, prep=self.prep,
+                                  encoder_config=self.spec.encoder, metrics=metrics)
+
+    def save_last(self, metrics: dict) -> None:
+        payload = self._payload(metrics)
+        payload["train_state"] = {**self.state, "optimizer": self.optimizer.state_dict()}
+        save_atomic(payload, self.run_dir / "last.pt")
+
+    def resume(self) -> None:
+        payload = read_checkpoint(self.run_dir / "last.pt")
+        self._load_weights(payload)
+        train_state = dict(payload["train_state"])
+        if train_state["phase"] == "scst":
+            self.optimizer = self._optimizer(self.cfg.scst_lr)
+        self.optimizer.load_state_dict(train_state.pop("optimizer"))
+        self.state.update(train_state)
+
+    def _load_weights(self, payload: dict) -> None:
+        self.captioner.decoder.load_state_dict(payload["decoder"])
+        if payload["encoder"] is not None:
+            self.captioner.encoder.load_state_dict(payload["encoder"])
+
+    def _log(self, record: dict) -> None:
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    # -- evaluation --------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Dev CIDEr-D (0-100 scale) of beam search through the runtime's search, the number selection uses."""
+        self.captioner.eval()
+        options = SearchOptions(beam_size=self.cfg.eval_beam, max_length=self.cfg.max_caption_length)
+        features = self.dev_features.get(np.arange(len(self.dev_records)))
+        captions = captions_of(search_features(self.captioner.decoder, features, self.vocab, options), self.vocab)
+        ids = [r.image_id for r in self.dev_records]
+        return 100.0 * float(self.dev_cider.score(ids, [c.split() for c in captions]).mean())
+
+    # -- one epoch of each phase -------------------------------------------------------------------------------
+    def _xe_epoch(self, epoch: int) -> float:
+        cfg = self.cfg
+        hard = getattr(self.captioner.decoder.config, "attention", "soft") == "hard"
+        order = np.random.default_rng(cfg.seed + epoch).permutation(len(self.pairs.tokens))
+        batches = range(0, len(order), cfg.batch_size)
+        total_steps = cfg.epochs * len(batches)
+        self.captioner.train()
+        if not self.spec.encoder.finetune:
+            self.captioner.encoder.eval()
+        losses = []
+        bar = tqdm(batches, desc=f"xe epoch {epoch + 1}/{cfg.epochs}", unit="batch", leave=False)
+        for start in bar:
+            if cfg.max_steps and self.state["step"] >= cfg.max_steps:
+                break
+            rows = order[start:start + cfg.batch_size]
+            tokens = torch.from_numpy(self.pairs.tokens[rows])
+            length = int((tokens != PAD).sum(1).max())
+            tokens = tokens[:, :length]
+            features = self.train_features.get(self.pairs.image_index[rows])
+            out = self.captioner.decoder(features, tokens[:, :-1], hard=hard)
+            target = tokens[:, 1:]
+            mask = (target != PAD).float()
+            nll = -out["logprobs"].gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            xe = (nll * mask).sum() / mask.sum()
+            loss = xe
+            if cfg.doubly_stochastic:
+                coverage = (out["alpha"] * mask.unsqueeze(-1)).sum(1)
+                loss = loss + cfg.doubly_stochastic * ((1 - coverage) ** 2).mean()
+            if hard:
+                seq_logprob = -(nll * mask).sum(1).detach()
+                baseline = self.state["hard_baseline"]
+                self.state["hard_baseline"] = cfg.hard_baseline_decay * baseline + (
+                    1 - cfg.hard_baseline_decay) * float(seq_logprob.mean())
+                location_logprob = (out["location_logprob"] * mask).sum(1)
+                entropy = (out["entropy"] * mask).sum(1)
+                loss = loss - ((seq_logprob - baseline) * location_logprob).mean() - cfg.hard_entropy * entropy.mean()
+            for group in self.optimizer.param_groups:
+                group["lr"] = cfg.lr * _lr_factor(self.state["step"], warmup=cfg.warmup_steps, total=total_steps)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.captioner.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            self.state["step"] += 1
+            losses.append(xe.item())
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.1e}")
+        bar.close()
+        return float(np.mean(losses)) if losses else float("nan")
+
+    def _scst_epoch(self, epoch: int) -> float:
+        cfg = self.cfg
+        if self.train_cider is None:
+            self.train_cider = CiderD(tokenised_references(self.train_records))
+        order = np.random.default_rng(cfg.seed + 1000 + epoch).permutation(len(self.train_records))
+        self.captioner.train()
+        if not self.spec.encoder.finetune:
+            self.captioner.encoder.eval()
+        rewards = []
+        bar = tqdm(range(0, len(order), cfg.scst_batch_images), desc=f"scst epoch {epoch + 1}/{cfg.scst_epochs}",
+                   unit="batch", leave=False)
+        for start in bar:
+            rows = order[start:start + cfg.scst_batch_images]
+            features = self.train_features.get(rows)
+            loss, reward = scst_loss(self.captioner.decoder, features, [self.train_records[i].image_id for i in rows],
+                                     cider=self.train_cider, vocab=self.vocab, samples=cfg.scst_samples,
+                                     max_length=cfg.max_caption_length, baseline=cfg.scst_baseline)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.captioner.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            self.state["step"] += 1
+            rewards.append(reward)
+            bar.set_postfix(reward=f"{100 * np.mean(rewards[-20:]):.1f}")
+        bar.close()
+        return 100.0 * float(np.mean(rewards))
+
+    # -- the run ---------------------------------------------------------------------------------------------
+    def _end_epoch(self, phase: str, epoch: int, train_value: float, started: float) -> None:
+        dev_cider = self.evaluate()
+        improved = dev_cider > self.state["best_cider"]
+        metrics = {"phase": phase, "epoch": epoch + 1, "step": self.state["step"], "dev_cider": round(dev_cider, 3),
+                   ("train_loss" if phase == "xe" else "train_reward"): round(train_value, 4),
+                   "seconds": round(time.time() - started, 1)}
+        if improved:
+            self.state["best_cider"], self.state["bad_epochs"] = dev_cider, 0
+            save_atomic(self._payload(metrics), self.run_dir / "best.pt")
+        else:
+            self.state["bad_epochs"] += 1
+        self.state["epoch"] = epoch + 1
+        self._log(metrics)
+        self.save_last(metrics)
+        tqdm.write(f"{phase} epoch {epoch + 1}: {'loss' if phase == 'xe' else 'reward'} {train_value:.3f}  "
+                   f"dev CIDEr-D {dev_cider:.2f}{'  (best)' if improved else ''}")
+
+    def _start_scst(self) -> None:
+        best = read_checkpoint(self.run_dir / "best.pt")
+        self._load_weights(best)
+        self.optimizer = self._optimizer(self.cfg.scst_lr)
+        self.state.update(phase="scst", epoch=0, bad_epochs=0)
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        while self.state["phase"] == "xe":
+            epoch = self.state["epoch"]
+            out_of_steps = cfg.max_steps and self.state["step"] >= cfg.max_steps
+            if epoch >= cfg.epochs or self.state["bad_epochs"] >= cfg.patience or out_of_steps:
+                if cfg.scst_epochs:
+                    self._start_scst()
+                else:
+                    self.state["phase"] = "done"
+                break
+            started = time.time()
+            self._end_epoch("xe", epoch, self._xe_epoch(epoch), started)
+        while self.state["phase"] == "scst":
+            epoch = self.state["epoch"]
+            if epoch >= cfg.scst_epochs or self.state["bad_epochs"] >= cfg.patience:
+                self.state["phase"] = "done"
+                break
+            started = time.time()
+            self._end_epoch("scst", epoch, self._scst_epoch(epoch), started)
+        self.save_last({"best_dev_cider": self.state["best_cider"]})
+        return {"best_dev_cider": self.state["best_cider"], "steps": self.state["step"]}
+
+
+def train(*, run_dir: Path, spec: RunSpec, resume: bool, cache_dir: Path | None = None) -> dict:
+    """Train (or resume) a run directory; returns the best dev CIDEr-D and the step count."""
+    config_file = run_dir / "config.json"
+    if resume:
+        if not (run_dir / "last.pt").exists():
+            raise ModelError(f"{run_dir}: nothing to resume (no last.pt); drop --resume to start a new run")
+        saved = json.loads(config_file.read_text())
+        spec = RunSpec(saved["model_id"], saved["data"], EncoderConfig(**saved["encoder"]),
+                       TrainConfig(**saved["train"]), saved["model"])
+    elif (run_dir / "last.pt").exists():
+        raise ModelError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(json.dumps(asdict(spec), indent=2))
+    with open(run_dir / "command.txt", "a") as f:
+        f.write(" ".join(sys.argv) + "\n")
+    trainer = Trainer(run_dir, spec, load_dataset(spec.data), cache_dir=cache_dir)
+    if resume:
+        trainer.resume()
+    return trainer.run()

@@ -1,0 +1,73 @@
+"""Self-critical sequence training (Rennie et al. 2017) with a CIDEr-D reward.
+
+Sampling runs the decoder's step contract, so every model family gets SCST
+without code of its own. Baselines: the greedy decode of the same image, or the
+mean reward of the other samples of the same image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from edgecap.training.cider import CiderD
+from edgecap.vocab import EOS, PAD, Vocab
+
+
+def sample_captions(decoder: nn.Module, features: torch.Tensor, *, samples: int, max_length: int,
+                    greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decode ``samples`` captions per image of (B, L, C) features.
+
+    Returns tokens (B*S, T) with eos included and pad after it, their log-probs
+    (B*S, T) (differentiable unless under no_grad) and the mask (B*S, T) of
+    positions that count (up to and including eos). Rows are image-major.
+    """
+    memory, state = decoder.prepare(features)
+    memory = {k: v.repeat_interleave(samples, dim=0) for k, v in memory.items()}
+    state = {k: v.repeat_interleave(samples, dim=0) for k, v in state.items()}
+    rows = features.shape[0] * samples
+    tokens = torch.full((rows,), 1, dtype=torch.long)  # bos
+    alive = torch.ones(rows, dtype=torch.bool)
+    out_tokens, out_logprobs, out_mask = [], [], []
+    for _ in range(max_length + 1):
+        logprobs, state, _ = decoder.step(tokens, state, memory)
+        if greedy:
+            tokens = logprobs.argmax(dim=-1)
+        else:
+            tokens = torch.multinomial(logprobs.detach().exp(), 1).squeeze(1)
+        out_mask.append(alive.clone())
+        out_tokens.append(torch.where(alive, tokens, torch.full_like(tokens, PAD)))
+        out_logprobs.append(logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1))
+        alive = alive & (tokens != EOS)
+        if not alive.any():
+            break
+    return torch.stack(out_tokens, 1), torch.stack(out_logprobs, 1), torch.stack(out_mask, 1)
+
+
+def words_of(tokens: torch.Tensor, vocab: Vocab) -> list[list[str]]:
+    """Token rows -> word lists (up to eos), the form CIDEr-D scores."""
+    return [vocab.decode(row).split() for row in tokens.tolist()]
+
+
+def scst_loss(decoder: nn.Module, features: torch.Tensor, image_ids: Sequence[str], *, cider: CiderD, vocab: Vocab,
+              samples: int, max_length: int, baseline: str) -> tuple[torch.Tensor, float]:
+    """The policy-gradient loss -(r - b) log p(w) averaged over tokens, and the mean sample reward."""
+    tokens, logprobs, mask = sample_captions(decoder, features, samples=samples, max_length=max_length)
+    ids = [i for i in image_ids for _ in range(samples)]
+    rewards = cider.score(ids, words_of(tokens, vocab)).reshape(len(image_ids), samples)
+    if baseline == "greedy":
+        was_training = decoder.training
+        decoder.eval()
+        with torch.no_grad():
+            greedy, _, _ = sample_captions(decoder, features, samples=1, max_length=max_length, greedy=True)
+        decoder.train(was_training)
+        base = cider.score(list(image_ids), words_of(greedy, vocab))[:, None]
+    else:
+        base = (rewards.sum(axis=1, keepdims=True) - rewards) / (samples - 1)
+    advantage = torch.from_numpy((rewards - base).reshape(-1).astype(np.float32))
+    mask = mask.float()
+    loss = -(advantage[:, None] * logprobs * mask).sum() / mask.sum()
+    return loss, float(rewards.mean())

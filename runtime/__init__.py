@@ -1,0 +1,1 @@
+"""The deployment runtime: image in, caption out. Never imports torch (DESIGN.md §2)."""

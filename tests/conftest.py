@@ -1,0 +1,13 @@
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+FLICKR8K = SHARED_DATA / "flickr8k"
+
+
+@pytest.fixture(scope="session")
+def flickr8k_dir() -> Path:
+    if not (FLICKR8K / "Flickr8k.token.txt").is_file():
+        pytest.skip(f"{FLICKR8K} not found: the real-photo tests need ../shared/data/flickr8k beside the checkout")
+    return FLICKR8K

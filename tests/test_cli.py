@@ -1,0 +1,139 @@
+"""End to end through the CLI: train a tiny model on generated shapes, evaluate it, caption with it, bad input."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from edgecap.cli import app
+
+SAMPLES = Path(__file__).resolve().parents[1] / "edgecap" / "assets" / "samples"
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    """Run the CLI the way main() does: user errors become one line and exit 2."""
+    from edgecap.errors import EdgecapError
+
+    result = runner.invoke(app, list(args))
+    if isinstance(result.exception, EdgecapError):
+        return 2, f"error: {result.exception}"
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    code, output = invoke("train", "--model", "sat", "--data", "shapes", "--preset", "tiny", "--out", str(out),
+                          "--max-steps", "300")
+    assert code == 0, output
+    return out
+
+
+@pytest.mark.slow
+def test_train_writes_a_complete_run_directory(tiny_run):
+    for name in ("config.json", "command.txt", "vocab.json", "metrics.jsonl", "best.pt", "last.pt"):
+        assert (tiny_run / name).is_file(), name
+    config = json.loads((tiny_run / "config.json").read_text())
+    assert config["model_id"] == "sat" and config["train"]["max_steps"] == 300
+    history = [json.loads(line) for line in (tiny_run / "metrics.jsonl").read_text().splitlines()]
+    assert history[-1]["step"] == 300
+
+
+@pytest.mark.slow
+def test_tiny_model_beats_the_best_constant_caption_threefold(tiny_run, tmp_path):
+    from edgecap.data import load_dataset
+    from edgecap.training.cider import CiderD
+    from edgecap.training.data import tokenised_references
+
+    code, output = invoke("eval", str(tiny_run), "--data", "shapes", "--split", "test", "--beam", "3",
+                          "--json", str(tmp_path / "eval.json"))
+    assert code == 0, output
+    model_cider = json.loads((tmp_path / "eval.json").read_text())["metrics"]["CIDEr"]
+    records = load_dataset("shapes").split("test")
+    refs = tokenised_references(records)
+    cider = CiderD(refs)
+    ids = [r.image_id for r in records]
+    candidates = {" ".join(c) for r in load_dataset("shapes").split("train")[:200] for c in tokenised_references([r])[r.image_id]}
+    best_constant = max(float(cider.score(ids, [c.split()] * len(ids)).mean()) for c in candidates)
+    assert model_cider >= 3 * best_constant, (model_cider, best_constant)
+
+
+@pytest.mark.slow
+def test_resume_continues_from_last_checkpoint(tiny_run, tmp_path):
+    run = tmp_path / "copy"
+    shutil.copytree(tiny_run, run)
+    code, output = invoke("train", "--out", str(run), "--resume", "--max-steps", "400")
+    assert code == 0, output
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] > 300 and steps == sorted(steps)
+
+
+@pytest.mark.slow
+def test_a_second_train_into_the_same_run_is_refused(tiny_run):
+    code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(tiny_run))
+    assert code == 2 and "--resume" in output
+
+
+@pytest.mark.slow
+def test_caption_json_and_attention_png(tiny_run, tmp_path):
+    image = tmp_path / "scene.jpg"
+    Image.fromarray(np.full((96, 96, 3), 200, np.uint8)).save(image)
+    code, output = invoke("caption", str(image), str(image), "--model", str(tiny_run / "best.pt"), "--json",
+                          "--attention", str(tmp_path / "att.png"))
+    assert code == 0, output
+    lines = [json.loads(line) for line in output.strip().splitlines()]
+    assert len(lines) == 2 and lines[0]["caption"] == lines[1]["caption"] and lines[0]["caption"]
+    assert (tmp_path / "att-0.png").is_file() and (tmp_path / "att-1.png").is_file()
+
+
+def test_shipped_default_captions_the_sample_photos():
+    code, output = invoke("caption", *sorted(str(p) for p in SAMPLES.glob("*.jpg")))
+    assert code == 0, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 3 and all(len(line.split(": ", 1)[1].split()) >= 3 for line in lines)
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "text", "directory"])
+def test_bad_images_are_one_line_errors(tmp_path, make):
+    path = tmp_path / "photo.jpg"
+    if make == "empty":
+        path.write_bytes(b"")
+    elif make == "text":
+        path.write_text("not an image")
+    elif make == "directory":
+        path.mkdir()
+    code, output = invoke("caption", str(path))
+    assert code == 2
+    assert output.startswith("error: ") and "photo.jpg" in output and "\n" not in output.strip()
+
+
+@pytest.mark.parametrize("mode", ["L", "CMYK", "I;16", "RGBA", "P"])
+def test_unusual_image_modes_are_captioned(tmp_path, mode):
+    path = tmp_path / f"photo-{mode.replace(';', '')}.png"
+    rgb = Image.open(SAMPLES / "coffee.jpg")
+    if mode == "I;16":
+        image = Image.fromarray((np.asarray(rgb.convert("L"), dtype=np.uint16) * 200).astype(np.uint16))
+    else:
+        image = rgb.convert(mode)
+    if mode == "CMYK":
+        path = path.with_suffix(".jpg")
+    image.save(path)
+    code, output = invoke("caption", str(path))
+    assert code == 0, output
+
+
+def test_bad_model_path_is_a_one_line_error(tmp_path):
+    code, output = invoke("caption", str(SAMPLES / "coffee.jpg"), "--model", str(tmp_path))
+    assert code == 2 and str(tmp_path) in output
+
+
+def test_bad_data_spec_is_a_one_line_error():
+    code, output = invoke("eval", "--data", "flickr8k:/nowhere")
+    assert code == 2 and "/nowhere" in output
