@@ -50,7 +50,7 @@ def caption_images(loaded: LoadedModel, paths: Sequence[Path], options: SearchOp
     """One caption per image file, best beam first."""
     features = encode_images(loaded, paths)
     hyps = search_features(loaded.captioner.decoder, features, loaded.vocab, options)
-    return [_caption_of(p, h, loaded) for p, h in zip(paths, hyps)]
+    return [_caption_of(p, h, loaded) for p, h in zip(paths, hyps, strict=True)]
 
 
 def split_features(loaded: LoadedModel, records: Sequence[ImageRecord]) -> np.ndarray | torch.Tensor:
@@ -73,6 +73,6 @@ def evaluate_model(loaded: LoadedModel, records: Sequence[ImageRecord], options:
     """Caption every record with beam search and score against its human references."""
     features = split_features(loaded, records)
     hyps = search_features(loaded.captioner.decoder, features, loaded.vocab, options)
-    captions = {r.image_id: loaded.vocab.decode(h.tokens) for r, h in zip(records, hyps)}
+    captions = {r.image_id: loaded.vocab.decode(h.tokens) for r, h in zip(records, hyps, strict=True)}
     references = {r.image_id: list(r.captions) for r in records}
     return EvalResult(evaluator.score(references, captions), captions, len(records), options.beam_size)

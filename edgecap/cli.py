@@ -58,7 +58,8 @@ def train(
     overrides += [f"train.scst_epochs={scst_epochs}"] if scst_epochs is not None else []
     spec = resolve_run(model.value, data, preset.value, overrides)
     result = run_training(run_dir=out, spec=spec, resume=resume, cache_dir=cache_dir)
-    typer.echo(f"best dev CIDEr-D {result['best_dev_cider']:.2f} after {result['steps']} steps; model: {out / 'best.pt'}")
+    typer.echo(f"best dev CIDEr-D {result['best_dev_cider']:.2f} after {result['steps']} steps; "
+               f"model: {out / 'best.pt'}")
 
 
 @app.command("eval")
@@ -78,8 +79,8 @@ def evaluate(
     from edgecap.runtime.search import SearchOptions
     from edgecap.training.checkpoint import load_model
 
-    loaded = load_model(run)
     records = load_dataset(data).split(split)
+    loaded = load_model(run)
     records = records[:max_images] if max_images else records
     with Evaluator() as evaluator:
         result = evaluate_model(loaded, records, SearchOptions(beam_size=beam), evaluator=evaluator)

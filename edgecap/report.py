@@ -51,7 +51,7 @@ def attention_png(caption: Caption, image: Image.Image, path: Path, *, columns: 
     shown = np.asarray(image.convert("RGB").resize((224, 224)))
     axes[0].imshow(shown)
     axes[0].set_title(caption.text if len(caption.text) < 40 else caption.text[:37] + "...", fontsize=7)
-    for ax, word, alpha in zip(axes[1:], words, caption.attention):
+    for ax, word, alpha in zip(axes[1:], words, caption.attention, strict=False):
         grid = alpha[: side * side].reshape(side, side)
         heat = np.asarray(Image.fromarray((255 * grid / max(grid.max(), 1e-8)).astype(np.uint8)).resize(
             (224, 224), Image.BILINEAR))

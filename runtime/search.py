@@ -151,7 +151,7 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
         # the live beams continue with the best `beam` other candidates.
         top = np.argsort(-totals, axis=1, kind="stable")[:, :beam]
         ends = np.take_along_axis(is_eos & np.isfinite(totals), top, axis=1) & ~done[:, None]
-        for b, rank in zip(*np.nonzero(ends)):
+        for b, rank in zip(*np.nonzero(ends), strict=True):
             r = top[b, rank] // k
             words = tuple(int(w) for w in history[b, r])
             total = float(totals[b, top[b, rank]])

@@ -11,3 +11,11 @@ def flickr8k_dir() -> Path:
     if not (FLICKR8K / "Flickr8k.token.txt").is_file():
         pytest.skip(f"{FLICKR8K} not found: the real-photo tests need ../shared/data/flickr8k beside the checkout")
     return FLICKR8K
+
+
+@pytest.fixture(scope="session")
+def coco_mini_dir() -> Path:
+    root = SHARED_DATA / "coco_mini"
+    if not (root / "annotations").is_dir():
+        pytest.skip(f"{root} not found: the COCO reader test needs ../shared/data/coco_mini beside the checkout")
+    return root

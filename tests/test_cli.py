@@ -60,7 +60,8 @@ def test_tiny_model_beats_the_best_constant_caption_threefold(tiny_run, tmp_path
     refs = tokenised_references(records)
     cider = CiderD(refs)
     ids = [r.image_id for r in records]
-    candidates = {" ".join(c) for r in load_dataset("shapes").split("train")[:200] for c in tokenised_references([r])[r.image_id]}
+    train = load_dataset("shapes").split("train")[:200]
+    candidates = {" ".join(c) for refs in tokenised_references(train).values() for c in refs}
     best_constant = max(float(cider.score(ids, [c.split()] * len(ids)).mean()) for c in candidates)
     assert model_cider >= 3 * best_constant, (model_cider, best_constant)
 
@@ -137,3 +138,14 @@ def test_bad_model_path_is_a_one_line_error(tmp_path):
 def test_bad_data_spec_is_a_one_line_error():
     code, output = invoke("eval", "--data", "flickr8k:/nowhere")
     assert code == 2 and "/nowhere" in output
+
+
+def test_console_errors_have_no_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "edgecap", "caption", str(tmp_path / "missing.jpg")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith("error: ") and len(result.stderr.strip().splitlines()) == 1

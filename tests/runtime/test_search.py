@@ -2,9 +2,8 @@ import itertools
 
 import numpy as np
 import pytest
+from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search, filter_candidates, rank_score
 
-from edgecap.runtime.search import (Hypothesis, SearchOptions, bad_ending_ids, beam_search, filter_candidates,
-                                    rank_score)
 from edgecap.vocab import BOS, EOS, PAD, UNK
 
 
@@ -20,7 +19,7 @@ class TableSession:
 
     def step(self, tokens, reorder, position):
         assert tokens.dtype == np.int64 and reorder.dtype == np.int64
-        self.histories = [self.histories[r] + [int(t)] for r, t in zip(reorder, tokens)]
+        self.histories = [self.histories[r] + [int(t)] for r, t in zip(reorder, tokens, strict=True)]
         self.calls.append((tokens.copy(), reorder.copy(), position))
         logp = self.tables[self.image, tokens].astype(np.float32)
         ids = np.argsort(-logp, axis=1, kind="stable")[:, : self.k]

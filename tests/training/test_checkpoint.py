@@ -1,4 +1,4 @@
-import pickle
+import threading
 
 import pytest
 import torch
@@ -18,8 +18,8 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path):
 def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path):
     path = tmp_path / "last.pt"
     save_atomic({"format": "edgecap-checkpoint/1", "x": torch.ones(2)}, path)
-    with pytest.raises(pickle.PicklingError):
-        save_atomic({"format": "edgecap-checkpoint/1", "x": lambda: None}, path)  # not picklable
+    with pytest.raises(TypeError):
+        save_atomic({"format": "edgecap-checkpoint/1", "x": threading.Lock()}, path)  # not picklable
     assert read_checkpoint(path)["x"].sum() == 2
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 

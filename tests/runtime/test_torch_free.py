@@ -1,0 +1,37 @@
+"""The runtime ships to devices without torch: importing and running it must never import torch."""
+
+import subprocess
+import sys
+import textwrap
+
+
+def test_runtime_search_runs_where_importing_torch_fails():
+    code = textwrap.dedent("""
+        import sys
+        class BlockTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("torch is blocked in this test")
+        sys.meta_path.insert(0, BlockTorch())
+        import numpy as np
+        from edgecap.runtime.search import SearchOptions, beam_search
+        from edgecap.preprocess import Preprocessing, to_array
+        from edgecap.vocab import Vocab
+        from PIL import Image
+
+        class Uniform:
+            def step(self, tokens, reorder, position):
+                n = len(tokens)
+                ids = np.tile(np.arange(4, 10), (n, 1)).astype(np.int64)
+                return np.log(np.full((n, 6), 1 / 6, np.float32)), ids, np.ones((n, 4), np.float32)
+            def tile_memory(self, beam):
+                pass
+
+        to_array(Image.new("RGB", (10, 10)), Preprocessing(image_size=8))
+        hyps = beam_search(Uniform(), 2, SearchOptions(beam_size=2, max_length=3))
+        assert len(hyps) == 2 and "torch" not in sys.modules
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
