@@ -19,3 +19,10 @@ def coco_mini_dir() -> Path:
     if not (root / "annotations").is_dir():
         pytest.skip(f"{root} not found: the COCO reader test needs ../shared/data/coco_mini beside the checkout")
     return root
+
+
+def pytest_configure(config):
+    """One intra-op thread: tiny models gain nothing from two, and two threads collapse under contention."""
+    import torch
+
+    torch.set_num_threads(1)

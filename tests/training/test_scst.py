@@ -1,0 +1,61 @@
+import numpy as np
+import torch
+
+from edgecap.models import build_model
+from edgecap.training.cider import CiderD
+from edgecap.training.scst import sample_captions, scst_loss, words_of
+from edgecap.vocab import EOS, PAD, Vocab
+
+WORDS = "a red blue circle square on the left right".split()
+REFERENCES = {"0": [["a", "red", "circle"], ["the", "red", "circle"]],
+              "1": [["a", "blue", "square"], ["the", "blue", "square"]]}
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    vocab = Vocab(("<pad>", "<bos>", "<eos>", "<unk>", *WORDS))
+    model = build_model("sat", {"vocab_size": len(vocab), "feature_dim": 8, "num_locations": 4, "annotation_dim": 0,
+                                "embed_dim": 16, "hidden_dim": 32, "att_dim": 16, "dropout": 0.0})
+    features = torch.zeros(2, 4, 8)
+    features[0, :, 0], features[1, :, 1] = 1.0, 1.0
+    return model, vocab, features
+
+
+def test_samples_stop_at_eos_and_pad_after_it():
+    model, _, features = _model()
+    tokens, logprobs, mask = sample_captions(model, features, samples=3, max_length=6)
+    assert tokens.shape[0] == 6 and tokens.shape == logprobs.shape == mask.shape
+    for row, row_mask in zip(tokens.tolist(), mask.tolist(), strict=True):
+        if EOS in row:
+            end = row.index(EOS)
+            assert all(row_mask[: end + 1]) and not any(row_mask[end + 1:])
+            assert all(t == PAD for t in row[end + 1:])
+
+
+def test_self_critical_training_raises_the_reward():
+    model, vocab, features = _model()
+    cider = CiderD(REFERENCES)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-2)
+    torch.manual_seed(1)
+    rewards = []
+    for _ in range(60):
+        loss, reward = scst_loss(model, features, ["0", "1"], cider=cider, vocab=vocab, samples=8, max_length=4,
+                                 baseline="mean")
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        rewards.append(reward)
+    assert np.mean(rewards[-10:]) > np.mean(rewards[:10]) + 1.0
+    model.eval()
+    with torch.no_grad():
+        greedy, _, _ = sample_captions(model, features, samples=1, max_length=4, greedy=True)
+    first, second = words_of(greedy, vocab)
+    assert {"red", "circle"} <= set(first) and {"blue", "square"} <= set(second)
+
+
+def test_greedy_baseline_runs():
+    model, vocab, features = _model()
+    loss, reward = scst_loss(model, features, ["0", "1"], cider=CiderD(REFERENCES), vocab=vocab, samples=2,
+                             max_length=4, baseline="greedy")
+    loss.backward()
+    assert np.isfinite(reward)
