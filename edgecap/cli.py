@@ -64,8 +64,8 @@ def train(
 
 @app.command("eval")
 def evaluate(
+    data: Annotated[str, typer.Option(help="Dataset spec: flickr8k:DIR, karpathy:FILE.json[:ROOT], coco:DIR, shapes")],
     run: Annotated[Path | None, typer.Argument(help="Run directory or checkpoint (default: shipped model)")] = None,
-    data: Annotated[str, typer.Option(help="Dataset spec")] = "shapes",
     split: Annotated[str, typer.Option(help="Split to score")] = "dev",
     beam: Beam = 3,
     max_images: Annotated[int, typer.Option(help="Score only the first N images (0: all)")] = 0,

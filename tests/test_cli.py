@@ -149,3 +149,15 @@ def test_console_errors_have_no_traceback(tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_hard_attention_and_self_critical_phases_run(tmp_path):
+    out = tmp_path / "hard"
+    code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(out), "--max-steps", "20",
+                          "--scst-epochs", "1", "--set", "model.attention=hard", "--set", "train.eval_images=10",
+                          "--set", "train.scst_batch_images=200")
+    assert code == 0, output
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [h["phase"] for h in history] == ["xe", "scst"]
+    assert json.loads((out / "config.json").read_text())["model"]["attention"] == "hard"
