@@ -14,23 +14,10 @@ from edgecap.data.features import cached_features
 from edgecap.data.records import ImageRecord
 from edgecap.evaluation import Evaluator, Scores
 from edgecap.preprocess import load_images
-from edgecap.runtime.search import Hypothesis, SearchOptions
+from edgecap.runtime.pipeline import Caption
+from edgecap.runtime.search import SearchOptions
 from edgecap.torch_backend import search_features
 from edgecap.training.checkpoint import LoadedModel
-
-
-@dataclass(frozen=True)
-class Caption:
-    image: Path
-    text: str
-    words: tuple[str, ...]
-    attention: np.ndarray  # (len(words) + 1, L): one map per word and the end token
-    logprob: float
-
-
-def _caption_of(path: Path, hyp: Hypothesis, loaded: LoadedModel) -> Caption:
-    text = loaded.vocab.decode(hyp.tokens)
-    return Caption(image=path, text=text, words=tuple(text.split()), attention=hyp.attention, logprob=hyp.logprob)
 
 
 @torch.no_grad()
@@ -50,7 +37,7 @@ def caption_images(loaded: LoadedModel, paths: Sequence[Path], options: SearchOp
     """One caption per image file, best beam first."""
     features = encode_images(loaded, paths)
     hyps = search_features(loaded.captioner.decoder, features, loaded.vocab, options)
-    return [_caption_of(p, h, loaded) for p, h in zip(paths, hyps, strict=True)]
+    return [Caption(Path(p), loaded.vocab.decode(h.tokens), h) for p, h in zip(paths, hyps, strict=True)]
 
 
 def split_features(loaded: LoadedModel, records: Sequence[ImageRecord]) -> np.ndarray | torch.Tensor:

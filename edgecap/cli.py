@@ -27,8 +27,14 @@ class PresetName(str, Enum):
 
 class Backend(str, Enum):
     torch = "torch"
+    ort = "ort"
 
 
+class Precision(str, Enum):
+    fp32 = "fp32"
+
+
+SAMPLES = Path(__file__).resolve().parent / "assets" / "samples"
 ModelDir = Annotated[Path | None, typer.Option("--model", help="Run directory or checkpoint (default: shipped model)")]
 Beam = Annotated[int, typer.Option(help="Beam size (1 = greedy)", min=1)]
 
@@ -96,24 +102,51 @@ def caption(
     images: Annotated[list[Path], typer.Argument(help="Image files")],
     model: ModelDir = None,
     backend: Annotated[Backend, typer.Option(help="Inference backend")] = Backend.torch,
+    precision: Annotated[Precision, typer.Option(help="Graph precision (ort backend)")] = Precision.fp32,
     beam: Beam = 3,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object per image")] = False,
     attention: Annotated[Path | None, typer.Option(help="Write attention maps as PNG (one file per image)")] = None,
 ) -> None:
-    """Print one caption per image."""
-    from edgecap.captioning import caption_images
+    """Print one caption per image (torch: a checkpoint; ort: an export directory, no torch needed)."""
     from edgecap.preprocess import read_rgb
     from edgecap.report import attention_png, caption_json
     from edgecap.runtime.search import SearchOptions
-    from edgecap.training.checkpoint import load_model
 
-    loaded = load_model(model)
-    captions = caption_images(loaded, images, SearchOptions(beam_size=beam))
+    options = SearchOptions(beam_size=beam)
+    if backend is Backend.ort:
+        from edgecap.runtime.pipeline import Captioner
+
+        if model is None:
+            raise EdgecapError("--backend ort needs --model EXPORT_DIR (made by `edgecap export`)")
+        captions = Captioner.from_dir(model, precision=precision.value).caption(images, options)
+    else:
+        from edgecap.captioning import caption_images
+        from edgecap.training.checkpoint import load_model
+
+        captions = caption_images(load_model(model), images, options)
     for i, result in enumerate(captions):
         typer.echo(json.dumps(caption_json(result)) if json_output else f"{result.image}: {result.text}")
         if attention:
             target = attention if len(captions) == 1 else attention.with_stem(f"{attention.stem}-{i}")
             attention_png(result, read_rgb(result.image), target)
+
+
+@app.command("export")
+def export_model(
+    run: Annotated[Path | None, typer.Argument(help="Run directory or checkpoint (default: shipped model)")] = None,
+    out: Annotated[Path, typer.Option(help="Export directory")] = Path("exports/default"),
+    beam: Annotated[int, typer.Option(help="Largest beam the runtime will use (step returns 2*beam candidates)",
+                                      min=1)] = 3,
+) -> None:
+    """Export the encoder and single-step decoder to ONNX, validated against PyTorch."""
+    from edgecap.export.onnx import export_onnx
+    from edgecap.preprocess import load_images
+    from edgecap.training.checkpoint import load_model
+
+    loaded = load_model(run)
+    pixels = load_images(sorted(SAMPLES.glob("*.jpg")), loaded.prep)
+    manifest = export_onnx(loaded, out, real_pixels=pixels, k=2 * beam)
+    typer.echo(f"exported {manifest.model_id} to {out} ({', '.join(manifest.graphs)})")
 
 
 def main() -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from edgecap.captioning import Caption, EvalResult
+from edgecap.captioning import EvalResult
+from edgecap.runtime.pipeline import Caption
 
 METRIC_ORDER = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
 

@@ -39,3 +39,5 @@ def role_of(name: str) -> str:
     if name.startswith("state."):
         return ROLE_STATE
     return ROLE_OUTPUT
+
+NEXT_SUFFIX = ".next"  # step output of an updated state tensor: "state.h" -> "state.h.next"

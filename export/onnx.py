@@ -1,0 +1,156 @@
+"""Export a trained captioner to ``encoder.onnx`` + ``step.onnx`` and prove each graph against PyTorch.
+
+torch 2.13's default exporter (``dynamo=True``) at opset 18 (opset 17 breaks the
+LSTM cell's Split, see TOOLCHAIN.md), one file each (``external_data=False``),
+only the row axis N dynamic. Every graph is checked by onnx, shape-inferred and
+run by ONNX Runtime on random and real inputs; all mismatches are collected
+into one error that names the output, both shapes and the max difference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from edgecap.export.graphs import EncoderGraph, StepGraph, tensor_names
+from edgecap.runtime.manifest import FORMAT_VERSION, Manifest, TensorSpec
+
+from edgecap import spec
+from edgecap.errors import EdgecapError
+from edgecap.training.checkpoint import LoadedModel
+
+OPSET = 18
+TOLERANCE = {"encoder": 1e-4, "step": 1e-4}  # max |ORT - PyTorch| per output, fp32 graphs
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    graph: str
+    output: str
+    expected_shape: tuple[int, ...]
+    actual_shape: tuple[int, ...]
+    max_diff: float
+    tolerance: float
+
+    def __str__(self) -> str:
+        return (f"{self.graph}:{self.output} shape {self.actual_shape} vs {self.expected_shape}, "
+                f"max |diff| {self.max_diff:.3g} > {self.tolerance:g}")
+
+
+class ExportValidationError(EdgecapError):
+    """An exported graph disagrees with PyTorch; lists every failing output."""
+
+    def __init__(self, mismatches: list[Mismatch]):
+        self.mismatches = mismatches
+        super().__init__("exported graphs disagree with PyTorch: " + "; ".join(map(str, mismatches)))
+
+
+def _export(module: torch.nn.Module, args: tuple, path: Path, *, input_names: list[str], output_names: list[str],
+            dynamic_shapes: dict) -> None:
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, str(path), input_names=input_names, output_names=output_names,
+                          dynamic_shapes=dynamic_shapes, opset_version=OPSET, dynamo=True, external_data=False,
+                          verbose=False)
+    import onnx
+
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model, full_check=True)
+    onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+def _compare(graph: str, names: list[str], expected: tuple[torch.Tensor, ...], actual: list[np.ndarray],
+             tolerance: float) -> list[Mismatch]:
+    mismatches = []
+    for name, want, got in zip(names, expected, actual, strict=True):
+        want = want.numpy()
+        if want.shape != got.shape:
+            mismatches.append(Mismatch(graph, name, want.shape, got.shape, float("inf"), tolerance))
+            continue
+        diff = float(np.abs(want.astype(np.float64) - got.astype(np.float64)).max()) if want.size else 0.0
+        if diff > tolerance:
+            mismatches.append(Mismatch(graph, name, want.shape, got.shape, diff, tolerance))
+    return mismatches
+
+
+def _specs(names: list[str], tensors: tuple[torch.Tensor, ...], role_for=spec.role_of) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(n, str(t.numpy().dtype), ("N", *t.shape[1:]) if t.dim() else (), role_for(n))
+                 for n, t in zip(names, tensors, strict=True))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def export_onnx(loaded: LoadedModel, out_dir: Path, *, real_pixels: np.ndarray, k: int = 6,
+                max_length: int = 20) -> Manifest:
+    """Write fp32 ``encoder.onnx``, ``step.onnx`` and ``edgecap.json`` to ``out_dir``; validated or raises."""
+    import onnxruntime as ort
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    captioner = loaded.captioner.eval()
+    memory_names, state_names = tensor_names(captioner)
+    encoder = EncoderGraph(captioner, memory_names, state_names)
+    step = StepGraph(captioner, memory_names, state_names, k)
+    rows = torch.export.Dim("N", min=1, max=4096)
+    size = loaded.prep.image_size
+    pixels = torch.from_numpy(real_pixels[:2].astype(np.float32))
+    _export(encoder, (pixels,), out_dir / "encoder.onnx", input_names=[spec.PIXELS], output_names=encoder.output_names,
+            dynamic_shapes={"pixels": {0: rows}})
+    encoded = encoder(pixels)
+    first = (torch.full((2,), 1), torch.tensor(0), torch.arange(2), *encoded[len(memory_names):],
+             *encoded[: len(memory_names)])
+    _export(step, first, out_dir / "step.onnx", input_names=step.input_names, output_names=step.output_names,
+            dynamic_shapes={"tokens": {0: rows}, "step": None, "reorder": {0: rows},
+                            "tensors": tuple({0: rows} for _ in first[3:])})
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    sessions = {g: ort.InferenceSession(str(out_dir / f"{g}.onnx"), options, providers=["CPUExecutionProvider"])
+                for g in ("encoder", "step")}
+    mismatches = []
+    checks = [torch.from_numpy(real_pixels.astype(np.float32)), torch.randn(3, 3, size, size)]
+    for batch in checks:
+        encoded = encoder(batch)
+        got = sessions["encoder"].run(encoder.output_names, {spec.PIXELS: batch.numpy()})
+        mismatches += _compare("encoder", encoder.output_names, encoded, got, TOLERANCE["encoder"])
+        n = batch.shape[0]
+        reorder = torch.from_numpy(np.random.default_rng(0).integers(0, n, n))
+        feeds = (torch.randint(4, len(loaded.vocab), (n,)), torch.tensor(3), reorder, *encoded[len(memory_names):],
+                 *encoded[: len(memory_names)])
+        got = sessions["step"].run(step.output_names, {name: f.numpy() for name, f in zip(step.input_names, feeds,
+                                                                                           strict=True)})
+        want = step(*feeds)
+        # Top-k ids can legitimately swap between near-tied words; the log-probs themselves are compared.
+        mismatches += [m for m in _compare("step", step.output_names, want, got, TOLERANCE["step"])
+                       if m.output != spec.TOPK_IDS or m.actual_shape != m.expected_shape]
+    if mismatches:
+        raise ExportValidationError(mismatches)
+
+    step_roles = {spec.TOKENS: "input", spec.STEP: "input", spec.REORDER: "input"}
+    manifest = Manifest(
+        format_version=FORMAT_VERSION, model_id=loaded.model_id,
+        model_config=asdict(captioner.decoder.config), encoder_config=asdict(loaded.encoder_config),
+        vocab=loaded.vocab.to_json(), preprocessing=loaded.prep.to_json(),
+        encoder_inputs=(TensorSpec(spec.PIXELS, "float32", ("N", 3, size, size), "input"),),
+        encoder_outputs=_specs(encoder.output_names, encoder(pixels)),
+        step_inputs=_specs(step.input_names, first, lambda n: step_roles.get(n, spec.role_of(n))),
+        step_outputs=_specs(step.output_names, step(*first),
+                            lambda n: spec.ROLE_STATE if n.endswith(spec.NEXT_SUFFIX) else spec.ROLE_OUTPUT),
+        state_pairs={n: f"{n}{spec.NEXT_SUFFIX}" for n in state_names}, topk=k, max_length=max_length,
+        opset=OPSET, graphs={"fp32": {"encoder": "encoder.onnx", "step": "step.onnx"}},
+        source_checkpoint_sha256=_sha256(loaded.path if loaded.path.is_file() else loaded.path / "best.pt"),
+    )
+    manifest.write(out_dir)
+    return manifest

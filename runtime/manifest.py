@@ -1,0 +1,82 @@
+"""The ``edgecap.json`` manifest of an export directory (DESIGN.md §4), torch-free.
+
+The exporter writes it and the runtime reads it; tensor names, shapes and roles
+come from here, never from inspecting session inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from edgecap.errors import ModelError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "edgecap.json"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name: float32 / int64
+    shape: tuple[str | int, ...]  # "N" for the dynamic rows, ints elsewhere
+    role: str  # memory / state / output / input
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    model_id: str
+    model_config: dict
+    encoder_config: dict
+    vocab: dict  # Vocab.to_json(): words and special ids
+    preprocessing: dict  # Preprocessing.to_json()
+    encoder_inputs: tuple[TensorSpec, ...]
+    encoder_outputs: tuple[TensorSpec, ...]
+    step_inputs: tuple[TensorSpec, ...]
+    step_outputs: tuple[TensorSpec, ...]
+    state_pairs: dict[str, str]  # state input name -> step output name that updates it
+    topk: int  # k of topk_logprobs / topk_ids
+    max_length: int  # longest caption the exporter validated
+    opset: int
+    graphs: dict[str, dict[str, str]]  # precision -> {"encoder": file, "step": file}
+    source_checkpoint_sha256: str
+    reference_scores: dict = field(default_factory=dict)  # PyTorch scores at export time, when measured
+
+    def write(self, directory: Path) -> Path:
+        path = directory / MANIFEST_NAME
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def read(cls, directory: Path) -> Manifest:
+        path = directory / MANIFEST_NAME
+        if not path.is_file():
+            raise ModelError(f"{path}: not found; pass an export directory made by `edgecap export`")
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ModelError(f"{path}: corrupt manifest (not JSON); re-run `edgecap export`") from None
+        version = data.get("format_version") if isinstance(data, dict) else None
+        if version != FORMAT_VERSION:
+            raise ModelError(f"{path}: manifest format version {version}, this edgecap reads {FORMAT_VERSION}; "
+                             "re-export with this version of edgecap")
+        try:
+            for key in ("encoder_inputs", "encoder_outputs", "step_inputs", "step_outputs"):
+                data[key] = tuple(TensorSpec(t["name"], t["dtype"], tuple(t["shape"]), t["role"]) for t in data[key])
+            return cls(**data)
+        except (KeyError, TypeError) as err:
+            raise ModelError(f"{path}: manifest is missing or has bad fields ({err}); "
+                             "re-run `edgecap export`") from None
+
+    def graph_files(self, directory: Path, precision: str) -> tuple[Path, Path]:
+        """(encoder, step) ONNX files of one precision, checked to exist."""
+        if precision not in self.graphs:
+            raise ModelError(f"{directory}: no {precision} graphs (exported: {', '.join(self.graphs)}); "
+                             f"re-run `edgecap export --precision {precision}`")
+        files = (directory / self.graphs[precision]["encoder"], directory / self.graphs[precision]["step"])
+        for file in files:
+            if not file.is_file():
+                raise ModelError(f"{file}: missing from the export directory; re-run `edgecap export`")
+        return files

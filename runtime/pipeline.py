@@ -1,0 +1,73 @@
+"""``Captioner.from_dir``: image files in, captions out, through an exported directory and no torch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from edgecap.runtime.backends.ort import OrtBackend
+from edgecap.runtime.manifest import Manifest
+from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
+
+from edgecap.preprocess import Preprocessing, load_images
+from edgecap.vocab import Vocab
+
+
+@dataclass(frozen=True)
+class Caption:
+    """One image's caption, from any backend."""
+
+    image: Path
+    text: str
+    hypothesis: Hypothesis
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        return tuple(self.text.split())
+
+    @property
+    def attention(self) -> np.ndarray:
+        """(len(words) + 1, L): one attention map per word and the end token."""
+        return self.hypothesis.attention
+
+    @property
+    def logprob(self) -> float:
+        return self.hypothesis.logprob
+
+
+class Captioner:
+    """Preprocess -> encoder graph -> beam search over the step graph -> words, batched over images."""
+
+    def __init__(self, backend: OrtBackend, manifest: Manifest):
+        self.backend = backend
+        self.manifest = manifest
+        self.vocab = Vocab.from_json(manifest.vocab)
+        self.prep = Preprocessing.from_json(manifest.preprocessing)
+
+    @classmethod
+    def from_dir(cls, directory: Path | str, *, backend: str = "ort", precision: str = "fp32",
+                 device: str = "cpu") -> Captioner:
+        directory = Path(directory)
+        manifest = Manifest.read(directory)
+        if backend != "ort":
+            raise ValueError(f"backend '{backend}' is not available in the runtime; use 'ort'")
+        return cls(OrtBackend(directory, manifest, precision=precision, device=device), manifest)
+
+    def search(self, pixels: np.ndarray, options: SearchOptions) -> list[Hypothesis]:
+        """Best hypothesis per image of preprocessed pixels (N, 3, H, W)."""
+        if options.k > self.manifest.topk:
+            raise ValueError(f"beam {options.beam_size} needs {options.k} candidates per step but the step graph "
+                             f"returns {self.manifest.topk}; re-export with --beam {options.beam_size}")
+        session = self.backend.encode(pixels)
+        banned = bad_ending_ids(self.vocab.words, options.bad_endings)
+        return [hyps[0] for hyps in beam_search(session, len(pixels), options, bad_ending_ids=banned)]
+
+    def caption(self, paths: Sequence[Path], options: SearchOptions, *, batch_size: int = 16) -> list[Caption]:
+        out = []
+        for start in range(0, len(paths), batch_size):
+            chunk = list(paths[start:start + batch_size])
+            for path, hyp in zip(chunk, self.search(load_images(chunk, self.prep), options), strict=True):
+                out.append(Caption(Path(path), self.vocab.decode(hyp.tokens), hyp))
+        return out

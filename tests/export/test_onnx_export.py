@@ -1,0 +1,94 @@
+"""Export a tiny trained model, then caption through ONNX Runtime with no torch and compare with PyTorch."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from edgecap.runtime.manifest import MANIFEST_NAME, Manifest
+
+from edgecap.errors import ModelError
+from tests.test_cli import invoke
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(root / "run"),
+                          "--max-steps", "150", "--set", "train.eval_images=20")
+    assert code == 0, output
+    code, output = invoke("export", str(root / "run"), "--out", str(root / "exp"))
+    assert code == 0, output
+    return root
+
+
+@pytest.mark.slow
+def test_manifest_describes_the_step_contract(tiny_export):
+    manifest = Manifest.read(tiny_export / "exp")
+    assert manifest.model_id == "sat" and manifest.opset == 18 and manifest.topk == 6
+    step_inputs = {t.name: t for t in manifest.step_inputs}
+    assert {"tokens", "step", "reorder", "state.h", "state.c", "memory.features", "memory.att_proj"} == set(step_inputs)
+    assert step_inputs["step"].shape == () and step_inputs["tokens"].shape == ("N",)
+    assert manifest.state_pairs == {"state.c": "state.c.next", "state.h": "state.h.next"}
+    assert all(t.shape[0] == "N" for t in manifest.encoder_outputs)
+    assert len(manifest.source_checkpoint_sha256) == 64
+
+
+@pytest.mark.slow
+def test_ort_captions_equal_pytorch_captions(tiny_export):
+    from edgecap.data import load_dataset
+
+    images = [str(r.path) for r in load_dataset("shapes").split("test")[:12]]
+    code, torch_out = invoke("caption", *images, "--model", str(tiny_export / "run"), "--json")
+    assert code == 0, torch_out
+    code, ort_out = invoke("caption", *images, "--model", str(tiny_export / "exp"), "--backend", "ort", "--json")
+    assert code == 0, ort_out
+    captions = [[json.loads(line)["caption"] for line in out.strip().splitlines()] for out in (torch_out, ort_out)]
+    assert captions[0] == captions[1]
+
+
+@pytest.mark.slow
+def test_export_directory_captions_without_torch(tiny_export):
+    from edgecap.data import load_dataset
+
+    image = load_dataset("shapes").split("test")[0].path
+    code = textwrap.dedent(f"""
+        import sys
+        class BlockTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("torch is blocked in this test")
+        sys.meta_path.insert(0, BlockTorch())
+        from edgecap.runtime.pipeline import Captioner
+        from edgecap.runtime.search import SearchOptions
+        [result] = Captioner.from_dir({str(tiny_export / "exp")!r}).caption([{str(image)!r}], SearchOptions())
+        assert result.text and "torch" not in sys.modules
+        print(result.text)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["missing-manifest", "other-version", "corrupt-step", "missing-step"])
+def test_damaged_export_directories_are_one_line_errors(tiny_export, tmp_path, damage):
+    import shutil
+
+    from edgecap.runtime.pipeline import Captioner
+
+    broken = tmp_path / "exp"
+    shutil.copytree(tiny_export / "exp", broken)
+    if damage == "missing-manifest":
+        (broken / MANIFEST_NAME).unlink()
+    elif damage == "other-version":
+        data = json.loads((broken / MANIFEST_NAME).read_text())
+        (broken / MANIFEST_NAME).write_text(json.dumps({**data, "format_version": 99}))
+    elif damage == "corrupt-step":
+        (broken / "step.onnx").write_bytes(b"not a graph")
+    else:
+        (broken / "step.onnx").unlink()
+    with pytest.raises(ModelError) as err:
+        Captioner.from_dir(broken)
+    assert str(broken) in str(err.value) and "\n" not in str(err.value)
