@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Set up .venv (see setup.sh) and caption the bundled sample photos with the shipped model.
+# Set up .venv (see setup.sh), caption the bundled sample photos with the shipped model in PyTorch,
+# export it to ONNX and caption the same photos through the torch-free ONNX Runtime path.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$here/scripts/setup.sh"
 edgecap="${EDGECAP_VENV:-$here/.venv}/bin/edgecap"
-"$edgecap" caption "$here"/edgecap/assets/samples/*.jpg --attention "${TMPDIR:-/tmp}/edgecap-attention.png"
-echo "attention maps: ${TMPDIR:-/tmp}/edgecap-attention-*.png"
+samples=("$here"/edgecap/assets/samples/*.jpg)
+out="${TMPDIR:-/tmp}/edgecap-demo"
+echo "== PyTorch (shipped checkpoint) =="
+"$edgecap" caption "${samples[@]}" --attention "$out/attention.png"
+echo "== export to ONNX, then ONNX Runtime (no torch in this path) =="
+"$edgecap" export --out "$here/exports/default"
+"$edgecap" caption "${samples[@]}" --model "$here/exports/default" --backend ort
+echo "attention maps: $out/attention-*.png"
