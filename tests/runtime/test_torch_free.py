@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def test_runtime_search_runs_where_importing_torch_fails():
     code = textwrap.dedent("""
@@ -35,3 +37,12 @@ def test_runtime_search_runs_where_importing_torch_fails():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_runtime_install_pulls_no_torch():
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml with tomllib")
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    runtime_requirements = project["dependencies"] + project["optional-dependencies"]["runtime"]
+    assert not [r for r in runtime_requirements if r.lower().startswith("torch")]
