@@ -117,6 +117,9 @@ class Trainer:
         if train_state["phase"] == "scst":
             self.optimizer = self._optimizer(self.cfg.scst_lr)
         self.optimizer.load_state_dict(train_state.pop("optimizer"))
+        if train_state["phase"] == "scst":  # the self-critical rate is constant: take it from config.json
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.cfg.scst_lr
         self.state.update(train_state)
 
     def _load_weights(self, payload: dict) -> None:
