@@ -2,7 +2,20 @@
 
 numpy + pillow only (the torch-free runtime imports it). Every odd input a user
 may have is either converted correctly (grayscale, palette, alpha, CMYK, 16-bit,
-float, EXIF-rotated, very large) or refused with one line naming the file and the fix.
+float, 1-bit, EXIF-rotated, very large) or refused with an ImageError of one line
+naming the file and the fix.
+
+Decisions:
+- Images are squashed to S x S (no crop): the shared Flickr8k photos were squashed
+  to 224 x 224, and training and inference must see the same geometry.
+- Truncated files are refused (Pillow's default), not padded with grey: a half-grey
+  photo would silently yield a wrong caption or poison training and calibration data.
+- 16-bit and float grayscale is stretched by its actual range, since scientific and
+  depth images often use a small part of the range and would otherwise read as black.
+  Pillow reads 16-bit RGB PNGs by their high byte, which is the right 8-bit value
+  for a photo that uses the range.
+- Embedded ICC profiles are not applied: Pillow's CMYK conversion (which honours
+  Adobe's inverted CMYK) is close enough for captioning and needs no colour engine.
 """
 
 from __future__ import annotations
@@ -17,7 +30,14 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from edgecap.errors import ImageError
 
-MAX_PIXELS = 200_000_000  # larger images are refused (decoding them needs GBs of memory)
+# Larger images are refused. 150 MP covers 100-megapixel cameras; a non-JPEG this big already
+# needs ~0.5 GB per decoded copy (JPEGs are decoded at 1/2-1/8 scale and stay cheap).
+# Above 2 * PIL.Image.MAX_IMAGE_PIXELS (~179 MP) Pillow itself refuses before the size is known.
+MAX_PIXELS = 150_000_000
+
+_HIGH_DEPTH_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
+_ALPHA_MODES = ("RGBA", "LA", "PA")
+_SIGNATURES = {b"\xff\xd8\xff": "JPEG", b"\x89PNG": "PNG", b"GIF8": "GIF"}  # distinctive enough to trust
 
 
 @dataclass(frozen=True)
@@ -26,67 +46,110 @@ class Preprocessing:
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)  # ImageNet channel means (RGB, 0-1 scale)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)  # ImageNet channel standard deviations
 
+    def __post_init__(self) -> None:
+        if self.image_size < 1:
+            raise ValueError(f"image_size must be positive, got {self.image_size}")
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise ValueError(f"mean and std need 3 values each and std > 0, got mean={self.mean} std={self.std}")
+
     def to_json(self) -> dict:
         return {"image_size": self.image_size, "mean": list(self.mean), "std": list(self.std)}
 
     @classmethod
     def from_json(cls, data: dict) -> Preprocessing:
-        return cls(int(data["image_size"]), tuple(data["mean"]), tuple(data["std"]))
+        return cls(image_size=int(data["image_size"]), mean=tuple(float(v) for v in data["mean"]),
+                   std=tuple(float(v) for v in data["std"]))
+
+
+def _stretch_to_8bit(image: Image.Image) -> Image.Image:
+    """16-bit / 32-bit / float grayscale -> L, scaled by the finite value range (NaN and inf become black)."""
+    values = np.asarray(image, dtype=np.float32)
+    finite = np.isfinite(values)
+    gray = np.zeros(values.shape, np.uint8)
+    if finite.any():
+        low, high = float(values[finite].min()), float(values[finite].max())
+        scale = 255.0 / (high - low) if high > low else 0.0
+        gray[finite] = np.rint((values[finite] - low) * scale).astype(np.uint8)
+    return Image.fromarray(gray, "L")
 
 
 def _to_8bit_rgb(image: Image.Image) -> Image.Image:
-    """Any PIL mode -> RGB 8-bit; high-bit-depth images are scaled by their actual range, not clipped."""
-    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-        values = np.asarray(image, dtype=np.float64)
-        low, high = float(values.min()), float(values.max())
-        scaled = (values - low) / (high - low) * 255.0 if high > low else np.zeros_like(values)
-        return Image.fromarray(scaled.round().astype(np.uint8), "L").convert("RGB")
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+    """Any PIL mode -> a new 8-bit RGB image; transparency is composited onto white, as viewers show it."""
+    if image.mode in _HIGH_DEPTH_MODES:
+        return _stretch_to_8bit(image).convert("RGB")
+    if image.mode in _ALPHA_MODES or "transparency" in image.info:
         rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, rgba).convert("RGB")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
     return image.convert("RGB")
 
 
-def read_rgb(path: Path | str, *, target_size: int = 0) -> Image.Image:
-    """Decode an image file to 8-bit RGB with EXIF orientation applied.
+def _unidentified_message(path: Path) -> str:
+    """The error for a file Pillow cannot identify: say what it looks like, so the fix fits the file."""
+    with path.open("rb") as f:
+        head = f.read(16)
+    for signature, name in _SIGNATURES.items():
+        if head.startswith(signature):
+            return f"{path}: damaged {name} file (its header cannot be parsed); re-copy it or re-export it"
+    if head[4:8] == b"ftyp":  # ISO media: HEIC from phones, AVIF without Pillow support, MP4
+        what = f"{head[8:12].decode('ascii', 'replace').strip().upper()} container"
+    elif head.startswith(b"%PDF"):
+        what = "PDF document"
+    else:
+        what = "unknown binary format" if b"\x00" in head else "text file"
+    return f"{path}: not an image PIL can read ({what}); convert it to JPEG or PNG"
 
-    ``target_size`` lets JPEG decoding shrink by a power of two first (``draft``),
-    which makes huge photos cheap to read when only a small input is needed.
+
+def _decode(path: Path, image: Image.Image, target_size: int | None) -> Image.Image:
+    """An opened file -> a new 8-bit RGB image (so the file may be closed), upright, size checked first."""
+    width, height = image.size
+    if width * height > MAX_PIXELS:
+        raise ImageError(f"{path}: {width}x{height} pixels is over edgecap's limit of {MAX_PIXELS / 1e6:g} "
+                         "megapixels; downscale it (e.g. to 4000 px wide) first")
+    if target_size:
+        image.draft("RGB", (target_size, target_size))  # no-op for formats other than JPEG
+    ImageOps.exif_transpose(image, in_place=True)
+    return _to_8bit_rgb(image)
+
+
+def read_rgb(path: Path | str, *, target_size: int | None = None) -> Image.Image:
+    """Decode an image file to 8-bit RGB with EXIF orientation applied; raise ImageError for anything unusable.
+
+    ``target_size`` lets JPEG decoding shrink by a power of two first (``draft``), keeping
+    both sides >= target_size, so huge photos are cheap when only a small input is needed.
     """
     path = Path(path)
-    if not path.exists():
-        raise ImageError(f"{path}: no such file; check the path")
-    if path.is_dir():
-        raise ImageError(f"{path}: is a directory, not an image; pass image files")
-    if path.stat().st_size == 0:
-        raise ImageError(f"{path}: empty file; re-copy or re-download the image")
     try:
+        if path.is_dir():
+            raise ImageError(f"{path}: is a directory, not an image; pass image files")
+        if path.stat().st_size == 0:
+            raise ImageError(f"{path}: empty file; re-copy or re-download the image")
+        # edgecap applies its own MAX_PIXELS, so Pillow's softer warning below ~179 MP is noise.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(path)
-            width, height = image.size
-            if width * height > MAX_PIXELS:
-                raise ImageError(f"{path}: {width}x{height} pixels is larger than edgecap reads "
-                                 f"({MAX_PIXELS // 1_000_000} megapixels); downscale it first")
-            if target_size and image.format == "JPEG":
-                image.draft("RGB", (target_size, target_size))
-            image = ImageOps.exif_transpose(image)
-            return _to_8bit_rgb(image)
+            with Image.open(path) as image:
+                return _decode(path, image, target_size)
+    except FileNotFoundError:
+        raise ImageError(f"{path}: no such file; check the path") from None
     except PermissionError:
-        raise ImageError(f"{path}: permission denied; make the file readable") from None
+        raise ImageError(f"{path}: permission denied; make the file readable (chmod +r)") from None
     except UnidentifiedImageError:
-        raise ImageError(f"{path}: not an image PIL can read; convert it to JPEG or PNG") from None
-    except Image.DecompressionBombError:
-        raise ImageError(f"{path}: too many pixels to decode safely; downscale it first") from None
-    except (OSError, SyntaxError, ValueError) as err:
+        raise ImageError(_unidentified_message(path)) from None
+    except Image.DecompressionBombError as err:
+        reason = str(err).rstrip(".")
+        raise ImageError(f"{path}: too large to decode safely ({reason}); downscale it first") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ImageError(f"{path}: damaged or unsupported image ({reason}); re-export it as JPEG or PNG") from None
+        raise ImageError(f"{path}: damaged or truncated image ({reason}); re-copy it or re-export it "
+                         "as JPEG or PNG") from None
 
 
 def to_array(image: Image.Image, prep: Preprocessing) -> np.ndarray:
-    """RGB image -> float32 (3, S, S), squashed to S x S and normalised."""
-    resized = image.resize((prep.image_size, prep.image_size), Image.BILINEAR, reducing_gap=3.0)
+    """PIL image -> float32 (3, S, S): squashed to S x S with bilinear filtering and normalised."""
+    if image.mode != "RGB":
+        image = _to_8bit_rgb(image)
+    # reducing_gap first box-reduces by an integer factor: much faster on large images, same look.
+    resized = image.resize((prep.image_size, prep.image_size), Image.Resampling.BILINEAR, reducing_gap=3.0)
     pixels = np.asarray(resized, dtype=np.float32) / 255.0
     pixels = (pixels - np.asarray(prep.mean, np.float32)) / np.asarray(prep.std, np.float32)
     return np.ascontiguousarray(pixels.transpose(2, 0, 1))
@@ -98,6 +161,8 @@ def load_image(path: Path | str, prep: Preprocessing) -> np.ndarray:
 
 
 def load_images(paths: Sequence[Path | str], prep: Preprocessing) -> np.ndarray:
-    """float32 (N, 3, S, S) of image files."""
-    return np.stack([load_image(p, prep) for p in paths])
-
+    """float32 (N, 3, S, S) of image files, filled in place (N may be 0)."""
+    batch = np.empty((len(paths), 3, prep.image_size, prep.image_size), np.float32)
+    for i, path in enumerate(paths):
+        batch[i] = load_image(path, prep)
+    return batch
