@@ -66,7 +66,7 @@ PRESETS = {
     "base": Preset(EncoderConfig(), TrainConfig(batch_size=128, lr=5e-4, warmup_steps=300, epochs=12, scst_epochs=8),
                    {"embed_dim": 256, "att_dim": 256}),
     "tiny": Preset(
-        EncoderConfig(name="small_cnn", image_size=96, finetune=True, channels=32),
+        EncoderConfig(name="small_cnn", image_size=96, finetune=True, channels=64),
         TrainConfig(batch_size=32, lr=2e-3, warmup_steps=50, epochs=8, patience=8, min_word_count=1,
                     max_caption_length=16, eval_beam=1, eval_images=100, scst_lr=5e-5, scst_batch_images=16),
         {"embed_dim": 64, "hidden_dim": 128, "att_dim": 64, "dropout": 0.1},
