@@ -64,6 +64,7 @@ def save_atomic(payload: dict, path: Path) -> None:
     os.close(fd)
     try:
         torch.save(payload, tmp)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a checkpoint is an ordinary shareable file
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
