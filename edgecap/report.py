@@ -55,9 +55,9 @@ def attention_png(caption: Caption, image: Image.Image, path: Path, *, columns: 
     for ax, word, alpha in zip(axes[1:], words, caption.attention, strict=False):
         grid = alpha[: side * side].reshape(side, side)
         heat = np.asarray(Image.fromarray((255 * grid / max(grid.max(), 1e-8)).astype(np.uint8)).resize(
-            (224, 224), Image.BILINEAR))
-        ax.imshow(shown)
-        ax.imshow(heat, alpha=0.6, cmap="gray")
+            (224, 224), Image.BILINEAR)) / 255.0
+        # As in the paper's figures: the attended region stays lit, the rest is dimmed.
+        ax.imshow((shown * (0.15 + 0.85 * heat[..., None])).astype(np.uint8))
         ax.set_title(word, fontsize=9)
     for ax in axes:
         ax.axis("off")
