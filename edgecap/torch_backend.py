@@ -45,7 +45,9 @@ def search_features(decoder: nn.Module, features: np.ndarray | torch.Tensor, voc
     k = options.candidates or 2 * options.beam_size
     best: list[Hypothesis] = []
     for start in range(0, len(features), batch_size):
-        chunk = torch.as_tensor(np.asarray(features[start:start + batch_size]), dtype=torch.float32)
+        chunk = features[start:start + batch_size]
+        # A read-only fp16 memmap slice is copied to a writable float32 array (torch warns on read-only memory).
+        chunk = chunk.float() if isinstance(chunk, torch.Tensor) else torch.from_numpy(np.array(chunk, np.float32))
         session = TorchSession(decoder, chunk, k)
         for hyps in beam_search(session, len(chunk), options, bad_ending_ids=banned_endings):
             best.append(hyps[0])
