@@ -1,17 +1,26 @@
-"""Backend-agnostic beam search in numpy: step function -> logit filters -> beam update -> ranker.
+"""Backend-agnostic beam search in numpy: step -> logit filters -> beam update -> ranker.
 
 The search sees a decoder only through ``StepSession`` (DESIGN.md §6), so the
 PyTorch reference, ONNX Runtime and TensorRT are driven by the very same code
 and parity measures only what export and precision change. The session returns
 the top-k candidates of every row; filters work on those k, which is why k
-defaults to twice the beam. Greedy decoding is beam search with one beam.
+defaults to twice the beam. Greedy decoding is beam search with one beam (with
+a length penalty that beam goes on past an eos while a longer caption could
+still outrank the finished one).
+
+Rows are image-major: after the first step row ``b * beam + j`` is beam ``j``
+of image ``b``. The beam update owns no model state: it emits back-pointers
+(the ``reorder`` of the next step) and the session gathers its state by them.
+Attention is not copied along the beams at every step; it is traced back
+through the stored back-pointers once, for the hypotheses that are returned.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from functools import lru_cache
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -29,11 +38,16 @@ class StepSession(Protocol):
         """tokens int64 (N,); reorder int64 (N,): new row i continues previous row reorder[i].
 
         Returns top-k log-probs float32 (N, k) sorted descending, their ids int64 (N, k)
-        and the attention float32 (N, L) of this step.
+        and the attention float32 (N, L) of this step. The search copies the attention
+        before the next call, so the session may reuse its output buffers.
         """
 
-    def tile_memory(self, beam_size: int) -> None:
-        """Repeat every memory row ``beam_size`` times (row b -> rows b*beam .. b*beam+beam-1)."""
+    def tile(self, beam_size: int) -> None:
+        """Repeat every memory and state row ``beam_size`` times (row b -> rows b*beam .. b*beam+beam-1).
+
+        Called once, before the first step, so every tensor of every step has the same N = batch * beam rows:
+        the one dynamic dimension of the graph contract (DESIGN.md §4).
+        """
 
 
 @dataclass(frozen=True)
@@ -45,16 +59,21 @@ class SearchOptions:
     block_trigrams: bool = False  # ban a word that would repeat a trigram already in the hypothesis
     ban_unk: bool = True  # never emit <unk>
     bad_endings: tuple[str, ...] = DEFAULT_BAD_ENDINGS  # eos is banned right after these words
-    candidates: int = 0  # k the step returns per row; 0 means 2 * beam_size
+    candidates: int = 0  # k candidates per row the search reads from each step; 0 means 2 * beam_size
 
     def __post_init__(self):
         for name, low in (("beam_size", 1), ("max_length", 1), ("min_length", 0), ("candidates", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"SearchOptions.{name} must be >= {low}, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"SearchOptions.{name} must be an int, got {value!r}")
+            if value < low:
+                raise ValueError(f"SearchOptions.{name} must be >= {low}, got {value}")
         if self.min_length > self.max_length:
             raise ValueError(f"SearchOptions.min_length ({self.min_length}) exceeds max_length ({self.max_length})")
-        if self.length_penalty < 0:
+        if not self.length_penalty >= 0:  # also rejects nan
             raise ValueError(f"SearchOptions.length_penalty must be >= 0, got {self.length_penalty}")
+        if isinstance(self.bad_endings, str):
+            raise TypeError(f"SearchOptions.bad_endings must be a tuple of words, got the string {self.bad_endings!r}")
 
     @property
     def k(self) -> int:
@@ -75,113 +94,209 @@ def bad_ending_ids(words: Sequence[str], endings: Sequence[str]) -> frozenset[in
     return frozenset(i for i, w in enumerate(words) if w in wanted)
 
 
-def rank_score(logprob: float, length: int, alpha: float) -> float:
-    """GNMT-free simple length normalisation: logprob / len**alpha."""
-    return logprob / max(1, length) ** alpha if alpha else logprob
+# ---- logit filters ------------------------------------------------------------------------------------------------
 
-
-def filter_candidates(logprobs: np.ndarray, ids: np.ndarray, history: np.ndarray, position: int,
-                      options: SearchOptions, banned_endings: frozenset[int]) -> np.ndarray:
-    """Candidate log-probs (R, k) with banned continuations set to -inf; history (R, position) of word ids."""
-    out = logprobs.astype(np.float64, copy=True)
-    out[(ids == PAD) | (ids == BOS)] = NEG_INF  # never words
-    if options.ban_unk:
-        out[ids == UNK] = NEG_INF
-    eos = ids == EOS
-    if position < options.min_length:
-        out[eos] = NEG_INF
-    if position >= options.max_length:
-        out[~eos] = NEG_INF
-    if banned_endings and position > 0:
-        after_bad = np.isin(history[:, -1], list(banned_endings))
-        out[eos & after_bad[:, None]] = NEG_INF
-    if options.block_trigrams and position >= 3:
-        for r in range(len(ids)):
-            seen = {tuple(history[r, i:i + 3]) for i in range(position - 2)}
-            last_two = tuple(history[r, -2:])
-            for j in range(ids.shape[1]):
-                if (*last_two, ids[r, j]) in seen:
-                    out[r, j] = NEG_INF
+def repeats_trigram(history: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """bool (R, k): candidate ids (R, k) that would repeat a trigram of the word history (R, t)."""
+    t = history.shape[1]
+    if t < 3:
+        return np.zeros(ids.shape, dtype=bool)
+    # Trigrams starting at i <= t-3 whose first two words are the history's last two; their third words are banned.
+    same_prefix = (history[:, : t - 2] == history[:, t - 2: t - 1]) & (history[:, 1: t - 1] == history[:, t - 1:])
+    out = np.zeros(ids.shape, dtype=bool)
+    rows = np.flatnonzero(same_prefix.any(axis=1))  # usually few: compare candidates on those rows only
+    if len(rows):
+        third = history[rows, 2:]
+        out[rows] = (same_prefix[rows, :, None] & (third[:, :, None] == ids[rows, None, :])).any(axis=1)
     return out
 
 
-def _forced_end(logprobs: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Per-row log-prob of ending at max length: eos's if among the candidates, else the k-th (an upper bound)."""
-    is_eos = ids == EOS
-    return np.where(is_eos.any(axis=1), np.where(is_eos, logprobs, 0.0).sum(axis=1), logprobs[:, -1])
+@lru_cache(maxsize=8)
+def ending_mask(banned_endings: frozenset[int]) -> np.ndarray:
+    """bool (max id + 2,): True at the banned ids; the last entry (False) stands for every larger id."""
+    mask = np.zeros(max(banned_endings, default=-1) + 2, dtype=bool)
+    mask[list(banned_endings)] = True
+    mask.flags.writeable = False
+    return mask
 
+
+def filter_candidates(logprobs: np.ndarray, ids: np.ndarray, *, history: np.ndarray, position: int,
+                      options: SearchOptions, banned_endings: frozenset[int] = frozenset()) -> np.ndarray:
+    """Candidate log-probs float64 (R, k) with banned continuations set to -inf.
+
+    ``ids`` (R, k) are the candidates of rows whose word history is ``history`` (R, position).
+    The end at ``max_length`` is not a filter: see :func:`force_end`.
+    """
+    out = logprobs.astype(np.float64)  # a copy: the session keeps its buffer
+    banned = (ids == PAD) | (ids == BOS)  # never words
+    if options.ban_unk:
+        banned |= ids == UNK
+    eos = ids == EOS
+    if position < options.min_length:
+        banned |= eos
+    if position > 0 and len(banned_endings):
+        banned |= eos & ending_mask(banned_endings)[np.minimum(history[:, -1], max(banned_endings) + 1), None]
+    if options.block_trigrams:
+        banned |= repeats_trigram(history, ids)
+    out[banned] = NEG_INF
+    return out
+
+
+def force_end(logprobs: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The only candidate of each row at max length: eos, as (log-probs float64 (R, 1), ids int64 (R, 1)).
+
+    Eos is scored with its log-prob when it is among the row's k candidates. When it is not, its log-prob is
+    unknown but at most the k-th candidate's, and that bound is used: ending there never ranks above ending a
+    row whose eos made the top k with the same score, and the caption still gets its full length.
+    """
+    is_eos = ids == EOS
+    eos_logprob = np.where(is_eos.any(axis=1), np.where(is_eos, logprobs, 0).sum(axis=1), logprobs[:, -1])
+    return eos_logprob.astype(np.float64)[:, None], np.full((len(ids), 1), EOS, dtype=np.int64)
+
+
+# ---- beam update --------------------------------------------------------------------------------------------------
+
+class BeamUpdate(NamedTuple):
+    parent: np.ndarray  # int64 (B, beam): row, within its image, that each new beam continues (the back-pointer)
+    words: np.ndarray  # int64 (B, beam): word each new beam appends
+    cumulative: np.ndarray  # float64 (B, beam): log-prob of each new beam, best first; -inf for dead beams
+    ended_image: np.ndarray  # int64 (E,): image of each hypothesis that ends with eos at this step, best first
+    ended_row: np.ndarray  # int64 (E,): its row within the image
+    ended_logprob: np.ndarray  # float64 (E,): its total log-prob, eos included
+
+
+def update_beams(cumulative: np.ndarray, scores: np.ndarray, ids: np.ndarray, beam: int) -> BeamUpdate:
+    """Choose each image's next beams among rows x k candidates by cumulative log-prob.
+
+    cumulative (B, R) log-prob of each row; scores (B, R, k) filtered log-probs of its candidates ids (B, R, k).
+    An eos among an image's best ``beam`` candidates ends that hypothesis (so one beam is greedy decoding); the
+    beams go on with the best ``beam`` other candidates. Ties keep row-then-rank order (stable sorts).
+    """
+    batch, rows, k = scores.shape
+    totals = (cumulative[:, :, None] + scores).reshape(batch, rows * k)
+    flat_ids = ids.reshape(batch, rows * k)
+    images = np.arange(batch)[:, None]
+    is_eos = flat_ids == EOS
+    top = np.argsort(-totals, axis=1, kind="stable")[:, :beam]
+    top_totals = totals[images, top]
+    ended = is_eos[images, top] & np.isfinite(top_totals)
+    ended_image, ended_rank = np.nonzero(ended)
+    live = np.where(is_eos, NEG_INF, totals)
+    choice = np.argsort(-live, axis=1, kind="stable")[:, :beam]
+    return BeamUpdate(parent=choice // k, words=flat_ids[images, choice],
+                      cumulative=live[images, choice], ended_image=ended_image,
+                      ended_row=top[ended_image, ended_rank] // k, ended_logprob=top_totals[ended])
+
+
+# ---- ranker -------------------------------------------------------------------------------------------------------
+
+def rank_score(logprob: float, length: int, alpha: float) -> float:
+    """Ranker score of a finished hypothesis: logprob / len**alpha (len counted as at least 1)."""
+    return logprob / max(1, length) ** alpha if alpha else logprob
+
+
+class _Finished:
+    """The best ``beam`` finished hypotheses of each image, best first; on equal scores the earlier one wins."""
+
+    class Record(NamedTuple):
+        score: float
+        logprob: float
+        tokens: tuple[int, ...]
+        step: int  # step at which it ended
+        row: int  # its row among that step's session rows
+
+    def __init__(self, batch_size: int, beam: int, alpha: float):
+        self.beam, self.alpha = beam, alpha
+        self.records: list[list[_Finished.Record]] = [[] for _ in range(batch_size)]
+        self.count = np.zeros(batch_size, dtype=np.int64)
+        self.worst = np.full(batch_size, NEG_INF)  # score of each image's worst kept hypothesis
+
+    def add(self, image: int, words: np.ndarray, logprob: float, *, step: int, row: int) -> None:
+        """Keep the hypothesis of ``words`` (t,) ending at ``row`` of ``step`` if it is among the image's best."""
+        score = rank_score(logprob, len(words), self.alpha)
+        kept = self.records[image]
+        if len(kept) == self.beam and score <= kept[-1].score:
+            return
+        kept.append(self.Record(score, logprob, tuple(words.tolist()), step, row))
+        kept.sort(key=lambda r: -r.score)  # stable
+        del kept[self.beam:]
+        self.count[image], self.worst[image] = len(kept), kept[-1].score
+
+    def hypotheses(self, attentions: list[np.ndarray], reorders: list[np.ndarray]) -> list[list[Hypothesis]]:
+        """Hypotheses with their attention traced back through each step's (N, L) attention and reorder."""
+        flat = [r for kept in self.records for r in kept]
+        if not flat:
+            return [[] for _ in self.records]
+        steps = np.array([r.step for r in flat])
+        rows = np.array([r.row for r in flat])
+        traced = np.zeros((len(flat), steps.max() + 1, attentions[0].shape[-1]), dtype=np.float32)
+        for s in range(steps.max(), -1, -1):
+            active = np.flatnonzero(steps >= s)
+            traced[active, s] = attentions[s][rows[active]]
+            rows[active] = reorders[s][rows[active]]
+        it = iter(range(len(flat)))
+        return [[Hypothesis(r.tokens, r.logprob, r.score, traced[next(it), : r.step + 1]) for r in kept]
+                for kept in self.records]
+
+
+# ---- the search ---------------------------------------------------------------------------------------------------
 
 def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *,
                 bad_ending_ids: frozenset[int] = frozenset()) -> list[list[Hypothesis]]:
-    """Up to ``beam_size`` finished hypotheses per image, best first, deterministic."""
-    beam, alpha = options.beam_size, options.length_penalty
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+    """Up to ``beam_size`` finished hypotheses per image, best first, deterministic.
+
+    The session is tiled to ``batch_size * beam`` rows first; at the first step every row reads bos and only
+    beam 0 of each image is live (the others start at -inf), so all rows of an image agree there. An image
+    stops once it has ``beam_size`` hypotheses that no live beam can outscore (log-probs only fall as words are
+    added), or when it has no live beam left; the search stops when every image has, or after ``max_length``
+    words, where every live beam ends (:func:`force_end`). If filters leave an image no candidate at all before it
+    has a hypothesis, its best beam ends where it stands, with no eos term. Only the session's first
+    ``options.k`` candidates are read, so results do not depend on how many a graph returns.
+    """
+    beam, alpha, k = options.beam_size, options.length_penalty, options.k
+    endings = frozenset(bad_ending_ids)
+    finished = _Finished(batch_size, beam, alpha)
     done = np.zeros(batch_size, dtype=bool)
-    tokens = np.full(batch_size, BOS, dtype=np.int64)
-    reorder = np.arange(batch_size, dtype=np.int64)
-    cumulative = np.zeros((batch_size, 1))  # (B, beams so far): log-prob of each live beam
-    history = np.zeros((batch_size, 1, 0), dtype=np.int64)  # (B, beams, t) word ids
-    attention_history: np.ndarray | None = None  # (B, beams, t, L)
+    images = np.arange(batch_size, dtype=np.int64)[:, None]
+    rows = batch_size * beam
+    cumulative = np.full((batch_size, beam), NEG_INF)  # (B, beam): log-prob of each live beam
+    cumulative[:, 0] = 0.0
+    history = np.zeros((rows, 0), dtype=np.int64)  # (N, position) word ids of each session row
+    tokens = np.full(rows, BOS, dtype=np.int64)
+    reorder = np.arange(rows, dtype=np.int64)
+    session.tile(beam)
+    attentions: list[np.ndarray] = []  # per step (N, L), copied: the session may reuse its buffers
+    reorders: list[np.ndarray] = []  # per step (N,): the back-pointers
     for position in range(options.max_length + 1):
         logprobs, ids, attention = session.step(tokens, reorder, position)
-        if position == 0:
-            session.tile_memory(beam)
-        rows_per_image = cumulative.shape[1]
-        k = ids.shape[1]
-        flat_history = history.reshape(batch_size * rows_per_image, position)
-        filtered = filter_candidates(logprobs, ids, flat_history, position, options, bad_ending_ids)
-        if position >= options.max_length:
-            filtered[:, 0] = np.where(np.isfinite(cumulative.reshape(-1)), _forced_end(logprobs, ids), NEG_INF)
-            ids = ids.copy()
-            ids[:, 0] = EOS
-            filtered[:, 1:] = NEG_INF
-        attention = attention.reshape(batch_size, rows_per_image, 1, -1)
-        steps_attention = attention if attention_history is None else np.concatenate(
-            [attention_history, attention], axis=2)
-        totals = (cumulative[:, :, None] + filtered.reshape(batch_size, rows_per_image, k))
-        ids = ids.reshape(batch_size, rows_per_image, k)
-        totals = totals.reshape(batch_size, rows_per_image * k)
-        flat_ids = ids.reshape(batch_size, rows_per_image * k)
-        if totals.shape[1] < beam:  # fewer candidates than beams (first step, small k): pad with dead ones
-            missing = ((0, 0), (0, beam - totals.shape[1]))
-            totals = np.pad(totals, missing, constant_values=NEG_INF)
-            flat_ids = np.pad(flat_ids, missing, constant_values=PAD)
-        is_eos = flat_ids == EOS
-        # An eos among an image's top `beam` candidates ends that hypothesis (so one beam is greedy decoding);
-        # the live beams continue with the best `beam` other candidates.
-        top = np.argsort(-totals, axis=1, kind="stable")[:, :beam]
-        ends = np.take_along_axis(is_eos & np.isfinite(totals), top, axis=1) & ~done[:, None]
-        for b, rank in zip(*np.nonzero(ends), strict=True):
-            r = top[b, rank] // k
-            words = tuple(int(w) for w in history[b, r])
-            total = float(totals[b, top[b, rank]])
-            finished[b].append(Hypothesis(words, total, rank_score(total, len(words), alpha),
-                                          steps_attention[b, r].astype(np.float32)))
-        totals = np.where(is_eos, NEG_INF, totals)
-        choice = np.argsort(-totals, axis=1, kind="stable")[:, :beam]
-        chosen = np.take_along_axis(totals, choice, axis=1)
-        parent = np.minimum(choice // k, rows_per_image - 1)
-        for b in np.nonzero(~done)[0]:
-            if not finished[b] and not np.isfinite(chosen[b, 0]):
-                # Every continuation was filtered out: end the best live beam where it stands.
-                r = int(np.argmax(cumulative[b]))
-                words = tuple(int(w) for w in history[b, r])
-                total = float(cumulative[b, r])
-                finished[b].append(Hypothesis(words, total, rank_score(total, len(words), alpha),
-                                              steps_attention[b, r].astype(np.float32)))
-            finished[b].sort(key=lambda h: -h.score)
-            del finished[b][beam:]
-            if len(finished[b]) == beam:
-                best_live = chosen[b, 0]
-                bound = best_live / options.max_length ** alpha if alpha else best_live
-                done[b] = not np.isfinite(best_live) or bound <= finished[b][-1].score
+        if not len(logprobs) == len(ids) == len(attention) == len(tokens):
+            raise ValueError(f"the step session returned {len(logprobs)}, {len(ids)} and {len(attention)} rows of "
+                             f"log-probs, ids and attention for {len(tokens)} tokens at position {position}")
+        attentions.append(np.array(attention, dtype=np.float32))
+        reorders.append(reorder)
+        logprobs, ids = logprobs[:, :k], ids[:, :k]
+        if position < options.max_length:
+            scores = filter_candidates(logprobs, ids, history=history, position=position, options=options,
+                                       banned_endings=endings)
+        else:
+            scores, ids = force_end(logprobs, ids)
+        update = update_beams(cumulative, scores.reshape(batch_size, beam, -1), ids.reshape(batch_size, beam, -1), beam)
+        for b, r, logprob in zip(update.ended_image.tolist(), update.ended_row.tolist(), update.ended_logprob.tolist(),
+                                 strict=True):
+            row = b * beam + r
+            finished.add(b, history[row], logprob, step=position, row=row)
+        alive = np.isfinite(update.cumulative[:, 0])
+        for b in np.flatnonzero(~done & ~alive & (finished.count == 0)).tolist():
+            r = int(np.argmax(cumulative[b]))
+            row = b * beam + r
+            finished.add(b, history[row], float(cumulative[b, r]), step=position, row=row)
+        # Adding words only lowers a log-prob (<= 0), so no live beam can score above best / max_length**alpha.
+        bound = update.cumulative[:, 0] / options.max_length ** alpha
+        done |= ~alive | ((finished.count == beam) & (bound <= finished.worst))
         if done.all() or position == options.max_length:
             break
-        new_words = np.take_along_axis(flat_ids, choice, axis=1)
-        history = np.concatenate([np.take_along_axis(history, parent[:, :, None], axis=1), new_words[:, :, None]],
-                                 axis=2)
-        attention_history = np.take_along_axis(steps_attention, parent[:, :, None, None], axis=1)
-        cumulative = np.where(done[:, None], NEG_INF, chosen)
-        tokens = np.where(np.isfinite(cumulative), new_words, PAD).reshape(-1).astype(np.int64)
-        reorder = (np.arange(batch_size)[:, None] * rows_per_image + parent).reshape(-1).astype(np.int64)
-    return [sorted(hyps, key=lambda h: -h.score) for hyps in finished]
+        reorder = (images * beam + update.parent).reshape(-1)
+        history = np.concatenate([history[reorder], update.words.reshape(-1, 1)], axis=1)
+        cumulative = np.where(done[:, None], NEG_INF, update.cumulative)
+        tokens = np.where(np.isfinite(cumulative), update.words, PAD).reshape(-1).astype(np.int64, copy=False)
+    return finished.hypotheses(attentions, reorders)
