@@ -32,6 +32,18 @@ class Backend(str, Enum):
 
 class Precision(str, Enum):
     fp32 = "fp32"
+    fp16 = "fp16"
+    int8 = "int8"
+
+
+def parse_list(value: str, allowed: type[Enum], option: str) -> list[str]:
+    """A comma-separated option such as ``fp32,int8``, checked against the allowed values."""
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    known = [member.value for member in allowed]
+    bad = [item for item in items if item not in known]
+    if bad or not items:
+        raise EdgecapError(f"{option} {value!r}: expected a comma-separated list of {', '.join(known)}")
+    return list(dict.fromkeys(items))
 
 
 SAMPLES = Path(__file__).resolve().parent / "assets" / "samples"
@@ -137,15 +149,20 @@ def export_model(
     out: Annotated[Path, typer.Option(help="Export directory")] = Path("exports/default"),
     beam: Annotated[int, typer.Option(help="Largest beam the runtime will use (step returns 2*beam candidates)",
                                       min=1)] = 3,
+    precision: Annotated[str, typer.Option(help="Graphs to write, comma-separated: fp32,fp16,int8")] = "fp32",
 ) -> None:
     """Export the encoder and single-step decoder to ONNX, validated against PyTorch."""
     from edgecap.export.onnx import export_onnx
+    from edgecap.export.precision import add_fp16
     from edgecap.preprocess import load_images
     from edgecap.training.checkpoint import load_model
 
+    precisions = parse_list(precision, Precision, "--precision")
     loaded = load_model(run)
     pixels = load_images(sorted(SAMPLES.glob("*.jpg")), loaded.prep)
     manifest = export_onnx(loaded, out, real_pixels=pixels, k=2 * beam)
+    if "fp16" in precisions:
+        manifest = add_fp16(out, manifest)
     typer.echo(f"exported {manifest.model_id} to {out} ({', '.join(manifest.graphs)})")
 
 

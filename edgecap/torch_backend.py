@@ -24,16 +24,41 @@ class TorchSession:
         self.memory, self.state = decoder.prepare(features)
         self.k = k
 
+    @torch.no_grad()
     def step(self, tokens: np.ndarray, reorder: np.ndarray, position: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        logprobs, attention = self._advance(tokens, reorder)
+        top = logprobs.topk(min(self.k, logprobs.shape[-1]), dim=-1)
+        return top.values.numpy(), top.indices.numpy(), attention.numpy()
+
+    @torch.no_grad()
+    def step_logprobs(self, tokens: np.ndarray, reorder: np.ndarray, position: int) -> np.ndarray:
+        """Full log-probs float32 (N, V) of one step, for parity's teacher-forced check."""
+        return self._advance(tokens, reorder)[0].numpy()
+
+    def _advance(self, tokens: np.ndarray, reorder: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         rows = torch.from_numpy(np.ascontiguousarray(reorder, dtype=np.int64))
         state = {name: value.index_select(0, rows) for name, value in self.state.items()}
         logprobs, self.state, attention = self.decoder.step(torch.from_numpy(tokens.astype(np.int64)), state,
                                                             self.memory)
-        top = logprobs.topk(min(self.k, logprobs.shape[-1]), dim=-1)
-        return top.values.numpy(), top.indices.numpy(), attention.numpy()
+        return logprobs, attention
 
-    def tile_memory(self, beam_size: int) -> None:
-        self.memory = {name: value.repeat_interleave(beam_size, dim=0) for name, value in self.memory.items()}
+    def tile(self, beam_size: int) -> None:
+        self.memory, self.state = ({name: value.repeat_interleave(beam_size, dim=0) for name, value in d.items()}
+                                   for d in (self.memory, self.state))
+
+
+class TorchBackend:
+    """The eager PyTorch model behind the runtime's backend interface: ``encode(pixels) -> StepSession``."""
+
+    def __init__(self, captioner: nn.Module, k: int):
+        self.captioner = captioner.eval()
+        self.k = k
+
+    @torch.no_grad()
+    def encode(self, pixels: np.ndarray) -> TorchSession:
+        """pixels float32 (N, 3, H, W) -> a session holding their memory and initial state."""
+        features = self.captioner.encode(torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32)))
+        return TorchSession(self.captioner.decoder, features, self.k)
 
 
 @torch.no_grad()

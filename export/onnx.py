@@ -9,7 +9,6 @@ into one error that names the output, both shapes and the max difference.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import warnings
 from dataclasses import asdict, dataclass
@@ -22,7 +21,7 @@ from edgecap.runtime.manifest import FORMAT_VERSION, Manifest, TensorSpec
 
 from edgecap import spec
 from edgecap.errors import EdgecapError
-from edgecap.training.checkpoint import LoadedModel
+from edgecap.training.checkpoint import DEFAULT_MODEL, LoadedModel, checkpoint_file, file_sha256
 
 OPSET = 18
 TOLERANCE = {"encoder": 1e-4, "step": 1e-4}  # max |ORT - PyTorch| per output, fp32 graphs
@@ -84,14 +83,6 @@ def _specs(names: list[str], tensors: tuple[torch.Tensor, ...], role_for=spec.ro
                  for n, t in zip(names, tensors, strict=True))
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @torch.no_grad()
 def export_onnx(loaded: LoadedModel, out_dir: Path, *, real_pixels: np.ndarray, k: int = 6,
                 max_length: int = 20) -> Manifest:
@@ -138,6 +129,7 @@ def export_onnx(loaded: LoadedModel, out_dir: Path, *, real_pixels: np.ndarray, 
     if mismatches:
         raise ExportValidationError(mismatches)
 
+    source = checkpoint_file(loaded.path)
     step_roles = {spec.TOKENS: "input", spec.STEP: "input", spec.REORDER: "input"}
     manifest = Manifest(
         format_version=FORMAT_VERSION, model_id=loaded.model_id,
@@ -150,7 +142,8 @@ def export_onnx(loaded: LoadedModel, out_dir: Path, *, real_pixels: np.ndarray, 
                             lambda n: spec.ROLE_STATE if n.endswith(spec.NEXT_SUFFIX) else spec.ROLE_OUTPUT),
         state_pairs={n: f"{n}{spec.NEXT_SUFFIX}" for n in state_names}, topk=k, max_length=max_length,
         opset=OPSET, graphs={"fp32": {"encoder": "encoder.onnx", "step": "step.onnx"}},
-        source_checkpoint_sha256=_sha256(loaded.path if loaded.path.is_file() else loaded.path / "best.pt"),
+        source_checkpoint_sha256=file_sha256(source),
+        source_checkpoint=None if source == DEFAULT_MODEL else str(source.resolve()),
     )
     manifest.write(out_dir)
     return manifest

@@ -42,6 +42,8 @@ class Manifest:
     opset: int
     graphs: dict[str, dict[str, str]]  # precision -> {"encoder": file, "step": file}
     source_checkpoint_sha256: str
+    source_checkpoint: str | None = None  # absolute path of the checkpoint exported; None: the shipped default
+    quantization: dict = field(default_factory=dict)  # int8: per-graph choice, calibration method, kept-fp32 layers
     reference_scores: dict = field(default_factory=dict)  # PyTorch scores at export time, when measured
 
     def write(self, directory: Path) -> Path:

@@ -8,6 +8,7 @@ encoder's weights are stored only when they differ from the pretrained package
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from dataclasses import asdict, dataclass
@@ -21,6 +22,7 @@ from edgecap.models import MODELS, build_model
 from edgecap.models.captioner import Captioner
 from edgecap.models.encoder import build_encoder
 from edgecap.preprocess import Preprocessing
+from edgecap.runtime.manifest import Manifest
 from edgecap.vocab import Vocab
 
 FORMAT = "edgecap-checkpoint/1"
@@ -104,3 +106,29 @@ def load_model(path: Path | None = None) -> LoadedModel:
     return LoadedModel(captioner=captioner, model_id=model_id, vocab=Vocab.from_json(payload["vocab"]),
                        prep=Preprocessing.from_json(payload["preprocessing"]), encoder_config=encoder_config,
                        path=path, metrics=payload.get("metrics", {}))
+
+
+def checkpoint_file(path: Path | None) -> Path:
+    """The file a run directory, checkpoint path or ``None`` (the shipped default) stands for."""
+    path = Path(path) if path is not None else DEFAULT_MODEL
+    return path / "best.pt" if path.is_dir() else path
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_reference(manifest: Manifest, path: Path | None = None) -> LoadedModel:
+    """The PyTorch model an export was made from: ``path`` or the one the manifest records, checked by sha256."""
+    recorded = manifest.source_checkpoint
+    file = checkpoint_file(path if path is not None else Path(recorded) if recorded else None)
+    if not file.is_file():
+        raise ModelError(f"{file}: the export's source checkpoint is not there; pass it with --reference RUN")
+    if file_sha256(file) != manifest.source_checkpoint_sha256:
+        raise ModelError(f"{file}: not the checkpoint this export was made from (sha256 differs); "
+                         "pass the right one with --reference RUN, or re-export")
+    return load_model(file)

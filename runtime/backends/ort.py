@@ -26,31 +26,73 @@ def _import_ort():
 
 
 class OrtStepSession:
-    """Memory and state for N rows as numpy arrays; implements ``edgecap.runtime.search.StepSession``."""
+    """Memory and state for N rows; implements ``edgecap.runtime.search.StepSession``.
 
-    def __init__(self, session, manifest: Manifest, encoded: dict[str, np.ndarray]):
+    With IO binding (GPU providers) memory and state live as OrtValues on the device that computed them and only
+    the top-k candidates and attention cross to the host; without it they are numpy arrays fed each step.
+    """
+
+    def __init__(self, session, manifest: Manifest, encoded: dict[str, np.ndarray], *, binding_device: str | None):
         self.session = session
-        self.memory = {n: v for n, v in encoded.items() if spec.role_of(n) == spec.ROLE_MEMORY}
-        self.state = {n: v for n, v in encoded.items() if spec.role_of(n) == spec.ROLE_STATE}
         self.pairs = manifest.state_pairs
-        self.fetch = [spec.TOPK_LOGPROBS, spec.TOPK_IDS, spec.ATTENTION, *self.pairs.values()]
+        self.binding_device = binding_device
+        self.memory = {n: self._place(v) for n, v in encoded.items() if spec.role_of(n) == spec.ROLE_MEMORY}
+        self.state = {n: self._place(v) for n, v in encoded.items() if spec.role_of(n) == spec.ROLE_STATE}
+
+    def _place(self, array: np.ndarray):
+        if self.binding_device is None:
+            return array
+        return _import_ort().OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.binding_device, 0)
+
+    def _run(self, tokens: np.ndarray, reorder: np.ndarray, position: int, host_outputs: list[str]) -> list:
+        inputs = {spec.TOKENS: tokens.astype(np.int64), spec.STEP: np.array(position, dtype=np.int64),
+                  spec.REORDER: reorder.astype(np.int64)}
+        if self.binding_device is None:
+            *host, new_state = self._split(self.session.run([*host_outputs, *self.pairs.values()],
+                                                            {**inputs, **self.state, **self.memory}), host_outputs)
+        else:
+            binding = self.session.io_binding()
+            for name, value in inputs.items():
+                binding.bind_cpu_input(name, value)
+            for name, value in {**self.state, **self.memory}.items():
+                binding.bind_ortvalue_input(name, value)
+            for name in host_outputs:
+                binding.bind_output(name, "cpu")
+            for name in self.pairs.values():
+                binding.bind_output(name, self.binding_device, 0)
+            self.session.run_with_iobinding(binding)
+            *host, new_state = self._split(binding.get_outputs(), host_outputs)
+            host = [value.numpy() for value in host]
+        self.state = dict(zip(self.pairs, new_state, strict=True))
+        return host
+
+    @staticmethod
+    def _split(outputs: list, host_outputs: list[str]) -> list:
+        return [*outputs[:len(host_outputs)], outputs[len(host_outputs):]]
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray, position: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        feed = {spec.TOKENS: tokens.astype(np.int64), spec.STEP: np.array(position, dtype=np.int64),
-                spec.REORDER: reorder.astype(np.int64), **self.state, **self.memory}
-        topk_logprobs, topk_ids, attention, *new_state = self.session.run(self.fetch, feed)
-        self.state = dict(zip(self.pairs, new_state, strict=True))
+        topk_logprobs, topk_ids, attention = self._run(tokens, reorder, position,
+                                                       [spec.TOPK_LOGPROBS, spec.TOPK_IDS, spec.ATTENTION])
         return topk_logprobs, topk_ids, attention
 
-    def tile_memory(self, beam_size: int) -> None:
-        self.memory = {n: np.repeat(v, beam_size, axis=0) for n, v in self.memory.items()}
+    def step_logprobs(self, tokens: np.ndarray, reorder: np.ndarray, position: int) -> np.ndarray:
+        """Full log-probs float32 (N, V) of one step, for parity's teacher-forced check."""
+        return self._run(tokens, reorder, position, [spec.LOGPROBS])[0]
+
+    def tile(self, beam_size: int) -> None:
+        self.memory, self.state = ({n: self._place(np.repeat(self._host(v), beam_size, axis=0)) for n, v in d.items()}
+                                   for d in (self.memory, self.state))
+
+    @staticmethod
+    def _host(value) -> np.ndarray:
+        return value if isinstance(value, np.ndarray) else value.numpy()
 
 
 class OrtBackend:
     """Sessions for one precision of an export directory."""
 
     def __init__(self, directory: Path, manifest: Manifest, *, precision: str = "fp32", device: str = "cpu",
-                 threads: int = 1):
+                 threads: int = 1, io_binding: bool | None = None):
         ort = _import_ort()
         encoder_file, step_file = manifest.graph_files(directory, precision)
         options = ort.SessionOptions()
@@ -67,9 +109,13 @@ class OrtBackend:
             raise ModelError(f"ONNX Runtime has no {device} provider here (active: {self.step.get_providers()}); "
                              "install onnxruntime-gpu on a machine with an NVIDIA GPU, or use --device cpu")
         self.manifest = manifest
+        # State stays on the GPU between steps; on the CPU binding buys nothing (TOOLCHAIN.md), so it is opt-in there.
+        use_binding = device != "cpu" if io_binding is None else io_binding
+        self.binding_device = ("cpu" if device == "cpu" else "cuda") if use_binding else None
         self.output_names = [t.name for t in manifest.encoder_outputs]
 
     def encode(self, pixels: np.ndarray) -> OrtStepSession:
         """pixels float32 (N, 3, H, W) -> a session holding their memory and initial state."""
         outputs = self.encoder.run(self.output_names, {spec.PIXELS: pixels.astype(np.float32)})
-        return OrtStepSession(self.step, self.manifest, dict(zip(self.output_names, outputs, strict=True)))
+        return OrtStepSession(self.step, self.manifest, dict(zip(self.output_names, outputs, strict=True)),
+                              binding_device=self.binding_device)
