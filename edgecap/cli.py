@@ -166,6 +166,47 @@ def export_model(
     typer.echo(f"exported {manifest.model_id} to {out} ({', '.join(manifest.graphs)})")
 
 
+@app.command()
+def parity(
+    export_dir: Annotated[Path, typer.Argument(help="Export directory made by `edgecap export`")],
+    data: Annotated[str, typer.Option(help="Dataset spec: flickr8k:DIR, karpathy:FILE.json[:ROOT], coco:DIR, shapes")],
+    split: Annotated[str, typer.Option(help="Held-out split to compare on")] = "dev",
+    backend: Annotated[str, typer.Option(help="Candidate backend")] = "ort",
+    precision: Annotated[Precision, typer.Option(help="Candidate graph precision")] = Precision.fp32,
+    beam: Beam = 3,
+    max_images: Annotated[int, typer.Option(help="Compare only the first N images (0: all)")] = 0,
+    reference: Annotated[Path | None, typer.Option(help="Checkpoint the export came from (default: as recorded)")]
+    = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here")] = None,
+    markdown_out: Annotated[Path | None, typer.Option("--markdown", help="Also write the Markdown report here")] = None,
+) -> None:
+    """Gate an export: same beam search, PyTorch vs the exported graphs; exit 1 when a threshold fails."""
+    from edgecap.data import load_dataset
+    from edgecap.evaluation import Evaluator
+    from edgecap.parity import run_parity
+    from edgecap.report import parity_json, parity_markdown, write_json, write_text
+    from edgecap.runtime.search import SearchOptions
+
+    if backend != "ort":
+        raise EdgecapError(f"--backend {backend}: parity runs the 'ort' backend (TensorRT engines come later)")
+    records = load_dataset(data).split(split)
+    records = records[:max_images] if max_images else records
+    with Evaluator(spice=False) as evaluator:
+        result = run_parity(export_dir, records, split=split, backend=backend, precision=precision.value,
+                            options=SearchOptions(beam_size=beam), reference_path=reference, evaluator=evaluator)
+    report, text = parity_json(result), parity_markdown(result)
+    typer.echo(text)
+    stem = export_dir / "reports" / f"parity-{backend}-{precision.value}"
+    for path in (stem.with_suffix(".json"), json_out):
+        if path:
+            write_json(report, path)
+    for path in (stem.with_suffix(".md"), markdown_out):
+        if path:
+            write_text(text, path)
+    if not result.passed:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit status 2 (``--debug`` keeps the traceback)."""
     debug = "--debug" in sys.argv

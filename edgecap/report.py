@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from edgecap.captioning import EvalResult
+from edgecap.parity import ParityResult
 from edgecap.runtime.pipeline import Caption
 
 METRIC_ORDER = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
@@ -26,6 +28,64 @@ def eval_table(result: EvalResult) -> str:
     names = [m for m in METRIC_ORDER if m in result.scores.metrics]
     head = "| " + " | ".join(names) + " |\n|" + "---|" * len(names) + "\n"
     return head + "| " + " | ".join(f"{100 * result.scores.metrics[m]:.1f}" for m in names) + " |"
+
+
+def parity_json(result: ParityResult) -> dict:
+    """DESIGN.md §8 fields (stable: scripts and CI read them) followed by the detail."""
+    return {
+        "passed": result.passed,
+        "identical_rate": result.identical_rate,
+        "delta_cider": result.delta_cider,
+        "delta_cider_ci95": list(result.delta_cider_ci95),
+        "reference": result.reference.metrics,
+        "candidate": result.candidate.metrics,
+        "n_images": result.n_images,
+        "backend": result.backend,
+        "precision": result.precision,
+        "split": result.split,
+        "beam": result.beam_size,
+        "thresholds": {"max_abs_delta_cider": result.threshold.max_delta_cider,
+                       "min_identical_rate": result.threshold.min_identical_rate},
+        "failures": result.failures,
+        "first_divergence": {str(k): v for k, v in sorted(result.first_divergence.items())},
+        "teacher_forced_steps": [asdict(s) for s in result.steps],
+        "differing_captions": result.differing,
+    }
+
+
+def parity_markdown(result: ParityResult) -> str:
+    """A human-readable parity report: verdict, metrics side by side, per-step numerics, examples."""
+    verdict = "PASS" if result.passed else "FAIL: " + "; ".join(result.failures)
+    low, high = result.delta_cider_ci95
+    lines = [
+        f"# Parity: {result.backend} {result.precision} vs PyTorch ({result.split}, {result.n_images} images, "
+        f"beam {result.beam_size})", "", f"**{verdict}**", "",
+        f"- identical captions: {100 * result.identical_rate:.1f}% "
+        f"(threshold {100 * result.threshold.min_identical_rate:.0f}%)",
+        f"- ΔCIDEr: {result.delta_cider:+.2f} (95% CI {low:+.2f} .. {high:+.2f}; "
+        f"threshold ±{result.threshold.max_delta_cider})", "",
+        "| metric | PyTorch | candidate | Δ |", "|---|---|---|---|",
+    ]
+    for name in ("Bleu_4", "METEOR", "ROUGE_L", "CIDEr"):
+        ref, cand = 100 * result.reference.metrics[name], 100 * result.candidate.metrics[name]
+        lines.append(f"| {name} | {ref:.2f} | {cand:.2f} | {cand - ref:+.2f} |")
+    lines += ["", "Teacher-forced steps (both fed the PyTorch caption):", "",
+              "| step | rows | max abs Δ log-prob | mean abs Δ log-prob | top-1 agree | top-k agree |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {s.step} | {s.rows} | {s.max_abs_delta_logprob:.2e} | {s.mean_abs_delta_logprob:.2e} | "
+              f"{100 * s.top1_agreement:.1f}% | {100 * s.topk_agreement:.1f}% |" for s in result.steps]
+    if result.first_divergence:
+        lines += ["", "First divergence of differing captions (word position: count): "
+                  + ", ".join(f"{k}: {v}" for k, v in sorted(result.first_divergence.items()))]
+    if result.differing:
+        lines += ["", "| image | PyTorch | candidate |", "|---|---|---|"]
+        lines += [f"| {d['image_id']} | {d['reference']} | {d['candidate']} |" for d in result.differing[:10]]
+    return "\n".join(lines) + "\n"
+
+
+def write_text(text: str, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
 def write_json(data: dict, path: Path) -> None:

@@ -21,6 +21,20 @@ def coco_mini_dir() -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory) -> Path:
+    """A tiny SAT trained on shapes for 150 steps (``run/``) and exported in fp32 and fp16 (``exp/``)."""
+    from tests.test_cli import invoke
+
+    root = tmp_path_factory.mktemp("export")
+    code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(root / "run"),
+                          "--max-steps", "150", "--set", "train.eval_images=20")
+    assert code == 0, output
+    code, output = invoke("export", str(root / "run"), "--out", str(root / "exp"), "--precision", "fp32,fp16")
+    assert code == 0, output
+    return root
+
+
 def pytest_configure(config):
     """One intra-op thread: tiny models gain nothing from two, and two threads collapse under contention."""
     import torch

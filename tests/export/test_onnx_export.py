@@ -12,17 +12,6 @@ from edgecap.errors import ModelError
 from tests.test_cli import invoke
 
 
-@pytest.fixture(scope="module")
-def tiny_export(tmp_path_factory):
-    root = tmp_path_factory.mktemp("export")
-    code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(root / "run"),
-                          "--max-steps", "150", "--set", "train.eval_images=20")
-    assert code == 0, output
-    code, output = invoke("export", str(root / "run"), "--out", str(root / "exp"))
-    assert code == 0, output
-    return root
-
-
 @pytest.mark.slow
 def test_manifest_describes_the_step_contract(tiny_export):
     manifest = Manifest.read(tiny_export / "exp")
@@ -92,3 +81,43 @@ def test_damaged_export_directories_are_one_line_errors(tiny_export, tmp_path, d
     with pytest.raises(ModelError) as err:
         Captioner.from_dir(broken)
     assert str(broken) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_io_binding_and_fp16_graphs_caption_like_fp32(tiny_export):
+    from edgecap.runtime.backends.ort import OrtBackend
+    from edgecap.runtime.pipeline import Captioner
+    from edgecap.runtime.search import SearchOptions
+
+    from edgecap.data import load_dataset
+
+    images = [r.path for r in load_dataset("shapes").split("test")[:8]]
+    options = SearchOptions(beam_size=3)
+    fp32 = Captioner.from_dir(tiny_export / "exp")
+    bound = Captioner(OrtBackend(tiny_export / "exp", fp32.manifest, io_binding=True), fp32.manifest)
+    fp16 = Captioner.from_dir(tiny_export / "exp", precision="fp16")
+    texts = [[c.text for c in captioner.caption(images, options)] for captioner in (fp32, bound, fp16)]
+    assert texts[0] == texts[1]
+    assert sum(a == b for a, b in zip(texts[0], texts[2], strict=True)) >= 7
+
+
+@pytest.mark.slow
+def test_fp16_graph_is_half_precision_with_fp32_io_and_cell_state(tiny_export):
+    import onnx
+
+    manifest = Manifest.read(tiny_export / "exp")
+    step = onnx.shape_inference.infer_shapes(onnx.load(str(tiny_export / "exp" / manifest.graphs["fp16"]["step"])))
+    half = [t for t in step.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16]
+    assert len(half) >= len(step.graph.initializer) // 2
+    graph_io = [*step.graph.input, *step.graph.output]
+    assert all(v.type.tensor_type.elem_type != onnx.TensorProto.FLOAT16 for v in graph_io)
+    dtype = {v.name: v.type.tensor_type.elem_type for v in [*step.graph.value_info, *graph_io]}
+    producer = {out: node for node in step.graph.node for out in node.output}
+
+    def computed_by(output):  # the node behind the converter's output Cast, if any
+        node = producer[output]
+        return producer[node.input[0]] if node.op_type == "Cast" else node
+
+    cell_update, log_softmax = computed_by("state.c.next"), computed_by("logprobs")
+    assert cell_update.op_type == "Add" and dtype[cell_update.output[0]] == onnx.TensorProto.FLOAT
+    assert log_softmax.op_type == "LogSoftmax" and dtype[log_softmax.output[0]] == onnx.TensorProto.FLOAT

@@ -1,0 +1,189 @@
+"""Parity: does an exported backend/precision say what PyTorch says, on real held-out images? (DESIGN.md §8)
+
+The PyTorch reference and the candidate run through the very same beam search on
+the same preprocessed pixels, so every difference comes from the compiled graphs
+and their precision. Three views, from strict to forgiving:
+
+- captions: identical-caption rate and, for each differing caption, the word
+  position where it first diverges;
+- teacher-forced numerics: both decoders are fed the reference caption's words
+  and compared step by step (|Δ log-prob|, top-1 and top-k agreement), so one
+  early divergence does not hide how close the numbers are;
+- quality: BLEU-4/METEOR/ROUGE-L/CIDEr-D of both against the human references,
+  with a paired-bootstrap 95% interval of ΔCIDEr.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from edgecap.data.records import ImageRecord
+from edgecap.evaluation import Evaluator, Scores, paired_bootstrap_ci
+from edgecap.preprocess import load_images
+from edgecap.runtime.backends.ort import OrtBackend
+from edgecap.runtime.manifest import Manifest
+from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
+from edgecap.torch_backend import TorchBackend
+from edgecap.training.checkpoint import load_reference
+from edgecap.vocab import BOS, EOS, PAD
+
+
+@dataclass(frozen=True)
+class Threshold:
+    max_delta_cider: float  # |ΔCIDEr| on the 0-100 scale
+    min_identical_rate: float  # share of captions identical to PyTorch's
+
+
+THRESHOLDS = {
+    "fp32": Threshold(0.1, 0.99),
+    "fp16": Threshold(0.5, 0.95),
+    "int8": Threshold(1.0, 0.0),
+}
+
+
+@dataclass(frozen=True)
+class StepNumerics:
+    """Teacher-forced comparison of one decoding position over the rows still inside their caption."""
+
+    step: int
+    rows: int
+    max_abs_delta_logprob: float
+    mean_abs_delta_logprob: float
+    top1_agreement: float  # share of rows whose argmax word is the same
+    topk_agreement: float  # mean overlap of the two top-k sets, 0-1
+
+
+@dataclass(frozen=True)
+class ParityResult:
+    backend: str
+    precision: str
+    split: str
+    beam_size: int
+    n_images: int
+    identical_rate: float
+    delta_cider: float  # candidate - reference, 0-100 scale
+    delta_cider_ci95: tuple[float, float]
+    reference: Scores
+    candidate: Scores
+    steps: list[StepNumerics]
+    first_divergence: dict[int, int]  # word position -> number of differing captions that diverge there
+    differing: list[dict]  # image id, reference caption, candidate caption (the first few)
+    threshold: Threshold
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+class _StepStats:
+    """Accumulates teacher-forced differences per position over batches of images."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.rows: Counter[int] = Counter()
+        self.max_abs: dict[int, float] = {}
+        self.sum_abs: Counter[int] = Counter()  # sum over rows of the mean |Δ| over the vocabulary
+        self.top1: Counter[int] = Counter()
+        self.topk: Counter[int] = Counter()
+
+    def add(self, position: int, reference: np.ndarray, candidate: np.ndarray) -> None:
+        """reference, candidate: float32 (R, V) log-probs of the rows still inside their caption."""
+        if not len(reference):
+            return
+        delta = np.abs(reference.astype(np.float64) - candidate.astype(np.float64))
+        self.rows[position] += len(reference)
+        self.max_abs[position] = max(self.max_abs.get(position, 0.0), float(delta.max()))
+        self.sum_abs[position] += float(delta.mean(axis=1).sum())
+        self.top1[position] += int((reference.argmax(axis=1) == candidate.argmax(axis=1)).sum())
+        top_ref = np.argpartition(-reference, self.k - 1, axis=1)[:, : self.k]
+        top_cand = np.argpartition(-candidate, self.k - 1, axis=1)[:, : self.k]
+        overlap = (top_ref[:, :, None] == top_cand[:, None, :]).any(axis=2).sum(axis=1)
+        self.topk[position] += float(overlap.sum()) / self.k
+
+    def result(self) -> list[StepNumerics]:
+        return [StepNumerics(p, n, self.max_abs[p], self.sum_abs[p] / n, self.top1[p] / n, self.topk[p] / n)
+                for p, n in sorted(self.rows.items())]
+
+
+def teacher_forced(backend, pixels: np.ndarray, captions: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """Per position, the (N, V) log-probs of a backend fed bos then each image's caption words."""
+    session = backend.encode(pixels)
+    session.tile(1)
+    length = max(map(len, captions)) + 1  # the words, then the eos position
+    words = np.full((len(captions), length), PAD, dtype=np.int64)
+    for row, caption in enumerate(captions):
+        words[row, : len(caption)] = caption
+    rows = np.arange(len(captions), dtype=np.int64)
+    tokens = np.full(len(captions), BOS, dtype=np.int64)
+    out = []
+    for position in range(length):
+        out.append(session.step_logprobs(tokens, rows, position))
+        tokens = words[:, position]
+    return out
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
+    """Index of the first word where two token sequences differ (the shorter length if one is a prefix)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, backend: str = "ort",
+               precision: str = "fp32", options: SearchOptions, reference_path: Path | None = None,
+               evaluator: Evaluator, batch_size: int = 25) -> ParityResult:
+    """Caption ``records`` with the PyTorch reference and the exported candidate; compare and gate."""
+    manifest = Manifest.read(export_dir)
+    loaded = load_reference(manifest, reference_path)
+    k = manifest.topk
+    reference_backend = TorchBackend(loaded.captioner, k)
+    candidate_backend = OrtBackend(export_dir, manifest, precision=precision)
+    banned = bad_ending_ids(loaded.vocab.words, options.bad_endings)
+    stats = _StepStats(k)
+    hyps: dict[str, list[Hypothesis]] = {"reference": [], "candidate": []}
+    for start in tqdm(range(0, len(records), batch_size), desc=f"parity {backend} {precision}", unit="batch"):
+        chunk = records[start:start + batch_size]
+        pixels = load_images([r.path for r in chunk], loaded.prep)
+        for side, engine in (("reference", reference_backend), ("candidate", candidate_backend)):
+            found = beam_search(engine.encode(pixels), len(chunk), options, bad_ending_ids=banned)
+            hyps[side] += [h[0] for h in found]
+        forced_words = [h.tokens + (EOS,) for h in hyps["reference"][start:]]
+        forced = [teacher_forced(engine, pixels, forced_words) for engine in (reference_backend, candidate_backend)]
+        lengths = np.array([len(w) for w in forced_words])
+        for position, (ref, cand) in enumerate(zip(*forced, strict=True)):
+            inside = lengths > position
+            stats.add(position, ref[inside], cand[inside])
+
+    ids = [r.image_id for r in records]
+    texts = {side: dict(zip(ids, (loaded.vocab.decode(h.tokens) for h in found), strict=True))
+             for side, found in hyps.items()}
+    pairs = list(zip(hyps["reference"], hyps["candidate"], strict=True))
+    same = [a.tokens == b.tokens for a, b in pairs]
+    divergence = Counter(first_divergence(a.tokens, b.tokens) for (a, b), s in zip(pairs, same, strict=True) if not s)
+    references = {r.image_id: list(r.captions) for r in records}
+    scores = {side: evaluator.score(references, texts[side]) for side in texts}
+    per_image = [np.array([scores[side].per_image_cider[i] for i in ids]) for side in ("reference", "candidate")]
+    low, high = paired_bootstrap_ci(*per_image)
+    delta = 100 * (scores["candidate"].metrics["CIDEr"] - scores["reference"].metrics["CIDEr"])
+    identical = float(np.mean(same))
+    threshold = THRESHOLDS[precision]
+    failures = []
+    if abs(delta) > threshold.max_delta_cider:
+        failures.append(f"|ΔCIDEr| {abs(delta):.2f} > {threshold.max_delta_cider}")
+    if identical < threshold.min_identical_rate:
+        failures.append(f"identical captions {100 * identical:.1f}% < {100 * threshold.min_identical_rate:.0f}%")
+    differing = [{"image_id": i, "reference": texts["reference"][i], "candidate": texts["candidate"][i]}
+                 for i, s in zip(ids, same, strict=True) if not s][:20]
+    return ParityResult(backend=backend, precision=precision, split=split, beam_size=options.beam_size,
+                        n_images=len(records), identical_rate=identical, delta_cider=delta,
+                        delta_cider_ci95=(100 * low, 100 * high), reference=scores["reference"],
+                        candidate=scores["candidate"], steps=stats.result(), first_divergence=dict(divergence),
+                        differing=differing, threshold=threshold, failures=failures)

@@ -1,0 +1,61 @@
+"""`edgecap parity` on a tiny export: the fp32 graphs pass the gate, a graph with one corrupted weight fails it."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from edgecap.runtime.manifest import Manifest
+
+from tests.test_cli import invoke
+
+
+def parity(export_dir, *args):
+    return invoke("parity", str(export_dir), "--data", "shapes", "--split", "test", "--max-images", "24", *args)
+
+
+@pytest.mark.slow
+def test_fp32_export_passes_parity_with_the_design_fields(tiny_export, tmp_path):
+    code, output = parity(tiny_export / "exp", "--json", str(tmp_path / "p.json"), "--markdown", str(tmp_path / "p.md"))
+    assert code == 0, output
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert report["passed"] is True and report["n_images"] == 24
+    assert report["identical_rate"] >= 0.99 and abs(report["delta_cider"]) <= 0.1
+    low, high = report["delta_cider_ci95"]
+    assert low <= report["delta_cider"] <= high
+    assert {"Bleu_4", "METEOR", "ROUGE_L", "CIDEr"} <= set(report["reference"]) & set(report["candidate"])
+    steps = report["teacher_forced_steps"]
+    assert steps[0]["rows"] == 24 and all(s["max_abs_delta_logprob"] < 1e-3 for s in steps)
+    assert (tiny_export / "exp" / "reports" / "parity-ort-fp32.json").is_file()
+    assert "PASS" in (tmp_path / "p.md").read_text()
+
+
+@pytest.mark.slow
+def test_one_corrupted_weight_fails_the_gate(tiny_export, tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    broken = tmp_path / "exp"
+    shutil.copytree(tiny_export / "exp", broken)
+    manifest = Manifest.read(broken)
+    vocab_size = len(manifest.vocab["words"])
+    step = onnx.load(str(broken / "step.onnx"))
+    # The output layer's bias: one number, the preference for one word, pushed up by 8 nats.
+    bias = next(t for t in step.graph.initializer if list(t.dims) == [vocab_size])
+    values = numpy_helper.to_array(bias).copy()
+    values[int(np.argsort(values)[len(values) // 2])] += 8.0
+    bias.CopyFrom(numpy_helper.from_array(values, bias.name))
+    onnx.save(step, str(broken / "step.onnx"))
+    code, output = parity(broken, "--json", str(tmp_path / "p.json"))
+    assert code == 1, output
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert report["passed"] is False and report["identical_rate"] < 0.99 and report["failures"]
+    assert max(s["max_abs_delta_logprob"] for s in report["teacher_forced_steps"]) > 1.0
+
+
+@pytest.mark.slow
+def test_parity_refuses_a_reference_that_is_not_the_exported_checkpoint(tiny_export, tmp_path):
+    other = tmp_path / "other.pt"
+    other.write_bytes((tiny_export / "run" / "best.pt").read_bytes() + b"\0")
+    code, output = parity(tiny_export / "exp", "--reference", str(other))
+    assert code == 2 and "sha256 differs" in output and "\n" not in output.strip()
