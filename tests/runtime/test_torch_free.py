@@ -26,7 +26,7 @@ def test_runtime_search_runs_where_importing_torch_fails():
                 n = len(tokens)
                 ids = np.tile(np.arange(4, 10), (n, 1)).astype(np.int64)
                 return np.log(np.full((n, 6), 1 / 6, np.float32)), ids, np.ones((n, 4), np.float32)
-            def tile_memory(self, beam):
+            def tile(self, beam):
                 pass
 
         to_array(Image.new("RGB", (10, 10)), Preprocessing(image_size=8))
