@@ -30,6 +30,12 @@ class Backend(str, Enum):
     ort = "ort"
 
 
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+    tensorrt = "tensorrt"
+
+
 class Precision(str, Enum):
     fp32 = "fp32"
     fp16 = "fp16"
@@ -115,6 +121,7 @@ def caption(
     model: ModelDir = None,
     backend: Annotated[Backend, typer.Option(help="Inference backend")] = Backend.torch,
     precision: Annotated[Precision, typer.Option(help="Graph precision (ort backend)")] = Precision.fp32,
+    device: Annotated[Device, typer.Option(help="ONNX Runtime execution provider (ort backend)")] = Device.cpu,
     beam: Beam = 3,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object per image")] = False,
     attention: Annotated[Path | None, typer.Option(help="Write attention maps as PNG (one file per image)")] = None,
@@ -130,7 +137,8 @@ def caption(
 
         if model is None:
             raise EdgecapError("--backend ort needs --model EXPORT_DIR (made by `edgecap export`)")
-        captions = Captioner.from_dir(model, precision=precision.value).caption(images, options)
+        captioner = Captioner.from_dir(model, precision=precision.value, device=device.value)
+        captions = captioner.caption(images, options)
     else:
         from edgecap.captioning import caption_images
         from edgecap.training.checkpoint import load_model

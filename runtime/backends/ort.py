@@ -99,13 +99,16 @@ class OrtBackend:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         providers = [PROVIDERS[device], PROVIDERS["cpu"]] if device != "cpu" else [PROVIDERS["cpu"]]
+        if PROVIDERS[device] not in ort.get_available_providers():
+            raise ModelError(f"this onnxruntime has no {device} provider (it has {ort.get_available_providers()}); "
+                             "install onnxruntime-gpu on a machine with an NVIDIA GPU, or use --device cpu")
         try:
             self.encoder = ort.InferenceSession(str(encoder_file), options, providers=providers)
             self.step = ort.InferenceSession(str(step_file), options, providers=providers)
         except Exception as err:  # onnxruntime raises its own exception types for bad files
             raise ModelError(f"{directory}: ONNX Runtime cannot load the {precision} graphs "
                              f"({str(err).splitlines()[0][:160]}); re-run `edgecap export`") from None
-        if device != "cpu" and PROVIDERS[device] not in self.step.get_providers():
+        if PROVIDERS[device] not in self.step.get_providers():  # onnxruntime-gpu lists CUDA even without a GPU
             raise ModelError(f"ONNX Runtime has no {device} provider here (active: {self.step.get_providers()}); "
                              "install onnxruntime-gpu on a machine with an NVIDIA GPU, or use --device cpu")
         self.manifest = manifest

@@ -121,3 +121,14 @@ def test_fp16_graph_is_half_precision_with_fp32_io_and_cell_state(tiny_export):
     cell_update, log_softmax = computed_by("state.c.next"), computed_by("logprobs")
     assert cell_update.op_type == "Add" and dtype[cell_update.output[0]] == onnx.TensorProto.FLOAT
     assert log_softmax.op_type == "LogSoftmax" and dtype[log_softmax.output[0]] == onnx.TensorProto.FLOAT
+
+
+@pytest.mark.slow
+def test_a_missing_gpu_provider_is_a_one_line_error(tiny_export):
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider")
+    code, output = invoke("caption", str(tiny_export / "run" / "config.json"), "--model", str(tiny_export / "exp"),
+                          "--backend", "ort", "--device", "cuda")
+    assert code == 2 and "no cuda provider" in output and "\n" not in output.strip()
