@@ -129,6 +129,8 @@ def test_a_missing_gpu_provider_is_a_one_line_error(tiny_export):
 
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("this onnxruntime has the CUDA provider")
-    code, output = invoke("caption", str(tiny_export / "run" / "config.json"), "--model", str(tiny_export / "exp"),
+    from edgecap.cli import SAMPLES
+
+    code, output = invoke("caption", str(SAMPLES / "coffee.jpg"), "--model", str(tiny_export / "exp"),
                           "--backend", "ort", "--device", "cuda")
     assert code == 2 and "no cuda provider" in output and "\n" not in output.strip()
