@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from edgecap.runtime.backends.base import Backend
 from edgecap.runtime.backends.ort import OrtBackend
 from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
@@ -40,7 +41,7 @@ class Caption:
 class Captioner:
     """Preprocess -> encoder graph -> beam search over the step graph -> words, batched over images."""
 
-    def __init__(self, backend: OrtBackend, manifest: Manifest):
+    def __init__(self, backend: Backend, manifest: Manifest):
         self.backend = backend
         self.manifest = manifest
         self.vocab = Vocab.from_json(manifest.vocab)
