@@ -44,9 +44,22 @@ class OrtStepSession:
             return array
         return _import_ort().OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.binding_device, 0)
 
+    @staticmethod
+    def _inputs(tokens: np.ndarray, reorder: np.ndarray, position: int) -> dict[str, np.ndarray]:
+        return {spec.TOKENS: tokens.astype(np.int64), spec.STEP: np.array(position, dtype=np.int64),
+                spec.REORDER: reorder.astype(np.int64)}
+
+    def feed(self, tokens: np.ndarray, reorder: np.ndarray, position: int) -> dict[str, np.ndarray]:
+        """Every step-graph input of the step ``step(tokens, reorder, position)`` would run, as host arrays.
+
+        For INT8 calibration, which records what the real search feeds the graph; the arrays are the session's own
+        (or host copies with IO binding): read them, do not write to them.
+        """
+        held = {n: self._host(v) for n, v in {**self.state, **self.memory}.items()}
+        return {**self._inputs(tokens, reorder, position), **held}
+
     def _run(self, tokens: np.ndarray, reorder: np.ndarray, position: int, host_outputs: list[str]) -> list:
-        inputs = {spec.TOKENS: tokens.astype(np.int64), spec.STEP: np.array(position, dtype=np.int64),
-                  spec.REORDER: reorder.astype(np.int64)}
+        inputs = self._inputs(tokens, reorder, position)
         if self.binding_device is None:
             *host, new_state = self._split(self.session.run([*host_outputs, *self.pairs.values()],
                                                             {**inputs, **self.state, **self.memory}), host_outputs)

@@ -1,0 +1,151 @@
+"""``add_int8``: calibrate, quantise, keep the layers INT8 hurts in fp32, and record what it costs and buys.
+
+Order of work: record feeds from real photos (``calib/*.npz``), compute ranges once per graph, write the Q/DQ
+graphs (``encoder.int8.onnx``, ``step.int8.onnx``), search for sensitive layers against held-out photos, then
+time fp32 against INT8 on ONNX Runtime CPU with one intra-op thread (encoder at batch 1, step at N = 3 rows, one
+image's beam). The timing is recorded, not acted on: the ``int8`` entry of the manifest always names the Q/DQ
+graphs, so ``edgecap parity --precision int8`` checks the very graphs a TensorRT engine is built from.
+
+Two schemes, because the targets disagree. ``tensorrt`` (the default; DESIGN.md §7) writes symmetric INT8 that
+TensorRT builds, and it is not faster on ONNX Runtime CPU (measured on EfficientNet-Lite0 + SAT, x86 with
+AVX-512 VNNI: encoder 0.96x, step 0.82x). Its x86 kernels want uint8 activations; onnxruntime converts int8 Q/DQ
+pairs to uint8 only where a quantized tensor has a single consumer, so convs and Gemms at fan-out points
+(residual branches, the LSTM's h read by three layers) stay float and dequantize their weights at every run, and
+every ReLU6 stays a float Clip between a DequantizeLinear and a QuantizeLinear (symmetric int8 cannot fold a clip
+at 0). The ``ort-cpu`` scheme (asymmetric uint8 activations; TensorRT rejects it) folds the clips and fuses every
+layer: about 2.2x (encoder) and 1.5x (step) faster there. Quantising only Conv/MatMul/Gemm does not help the
+``tensorrt`` scheme and costs accuracy: with Clip among the quantised types onnxruntime gives a conv's output the
+range of the ReLU6 after it ([-6, 6]) instead of the raw conv range (up to +-175 here), so the encoder's default
+is every op type.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from edgecap.calib.feeds import CALIB_DIR, load_encoder_feeds, load_step_feeds, record_feeds
+from edgecap.calib.quantize import SCHEMES, QdqGraph
+from edgecap.calib.ranges import METHODS, cache_path, compute_ranges
+from edgecap.calib.sensitivity import CaptionScorer, compare, keep_sensitive_layers
+from edgecap.runtime.manifest import Manifest
+
+from edgecap.data.records import ImageRecord
+
+GRAPHS = ("encoder", "step")
+# The step quantises only its weighted layers: Gather, TopK, Softmax and the elementwise cell would otherwise put
+# the beam's state, the attention output and the log-probs ranked by TopK through int8.
+DEFAULT_OP_TYPES: dict[str, tuple[str, ...] | None] = {"encoder": None, "step": ("Gemm", "MatMul")}
+TIMING_ROWS = {"encoder": 1, "step": 3}  # batch 1 image; N = 3 step rows: one image's beam of 3
+PROXY_FEEDS = 4  # calibration batches the layer-ranking proxy runs
+
+
+def _session(path: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def compare_ms(fp32: Path, int8: Path, feed: dict[str, np.ndarray], *, rounds: int = 5,
+               budget_s: float = 0.5) -> tuple[float, float]:
+    """Median ms per run of two graphs on one feed, timed in alternating blocks so drift hits both alike."""
+    sessions = [_session(fp32), _session(int8)]
+    start = time.perf_counter()
+    for session in sessions:
+        session.run(None, feed)  # warm-up, also sizes the blocks
+    per_run = (time.perf_counter() - start) / 2
+    runs = max(5, int(budget_s / rounds / max(per_run, 1e-5)))
+    times: list[list[float]] = [[], []]
+    for _ in range(rounds):
+        for session, out in zip(sessions, times, strict=True):
+            for _ in range(runs):
+                tick = time.perf_counter()
+                session.run(None, feed)
+                out.append(time.perf_counter() - tick)
+    return float(np.median(times[0]) * 1e3), float(np.median(times[1]) * 1e3)
+
+
+def _rows(feed: dict[str, np.ndarray], n: int, batched: Sequence[str]) -> dict[str, np.ndarray]:
+    out = {name: value[:n] if name in batched else value for name, value in feed.items()}
+    if "reorder" in out:
+        out["reorder"] = np.arange(n, dtype=np.int64)
+    return out
+
+
+def _split(records: Sequence[ImageRecord], calibration: int, heldout: int,
+           seed: int) -> tuple[list[ImageRecord], list[ImageRecord]]:
+    """Disjoint calibration and held-out records drawn at random (``seed``); shares kept when records are few."""
+    if len(records) < 2:
+        raise ValueError(f"INT8 calibration needs at least 2 records (calibration + held out), got {len(records)}")
+    if calibration + heldout > len(records):
+        heldout = max(1, len(records) * heldout // (calibration + heldout))
+        calibration = len(records) - heldout
+    order = np.random.default_rng(seed).permutation(len(records))
+    return [records[i] for i in order[:calibration]], [records[i] for i in order[calibration:calibration + heldout]]
+
+
+def add_int8(directory: Path, manifest: Manifest, records: Sequence[ImageRecord], *, method: str = "max",
+             threshold: float = 1.0, calibration_images: int = 200, heldout_images: int = 300,
+             scheme: str = "tensorrt", op_types: Mapping[str, Sequence[str] | None] | None = None,
+             max_layers: int = 12, beam_size: int = 3, step_rows: int = 256, seed: int = 0,
+             progress: bool = True) -> Manifest:
+    """Add INT8 graphs to an export directory holding fp32 graphs; returns the manifest written there.
+
+    ``records`` (e.g. a train split) are drawn into ``calibration_images`` for ranges and ``heldout_images`` for
+    ΔCIDEr. ``method``: max / entropy / percentile. ``threshold``: |ΔCIDEr| (0-100 scale) allowed before layers are
+    kept fp32, at most ``max_layers`` of them. ``scheme``: ``tensorrt`` (symmetric, zero point 0) or ``ort-cpu``.
+    """
+    if method not in METHODS:
+        raise ValueError(f"calibration method {method!r}: expected one of {', '.join(METHODS)}")
+    if scheme not in SCHEMES:
+        raise ValueError(f"INT8 scheme {scheme!r}: expected one of {', '.join(SCHEMES)}")
+    began = time.perf_counter()
+    calibration, heldout = _split(records, calibration_images, heldout_images, seed)
+    encoder_npz, step_npz = record_feeds(directory, manifest, calibration, beam_size=beam_size, max_rows=step_rows,
+                                         seed=seed, progress=progress)
+    feeds = {"encoder": load_encoder_feeds(encoder_npz), "step": load_step_feeds(step_npz)}
+    sources = dict(zip(GRAPHS, manifest.graph_files(directory, "fp32"), strict=True))
+    chosen_ops = {**DEFAULT_OP_TYPES, **(op_types or {})}
+    graphs = {}
+    for name, npz in (("encoder", encoder_npz), ("step", step_npz)):
+        cache = cache_path(directory / CALIB_DIR, name, method, [sources[name], npz])
+        ranges = compute_ranges(sources[name], feeds[name], method=method, cache=cache)
+        ops = chosen_ops[name]
+        graphs[name] = QdqGraph(name, sources[name], directory / f"{name}.int8.onnx", ranges,
+                                tuple(ops) if ops else None, scheme)
+    scorer = CaptionScorer(directory, manifest, heldout, beam_size=beam_size)
+    proxy = {name: f[::max(1, len(f) // PROXY_FEEDS)][:PROXY_FEEDS] for name, f in feeds.items()}  # spread out
+    found = keep_sensitive_layers(graphs, scorer, proxy,
+                                  threshold=threshold, max_layers=max_layers, progress=progress)
+
+    delta, stderr = compare(found.fp32_scores, found.int8_scores)
+    common = {"method": method, "calibration_images": len(calibration), "delta_cider": round(delta, 3)}
+    quantization = {
+        "scheme": scheme, **common, "delta_cider_se": round(stderr, 3), "heldout_images": len(heldout),
+        "step_rows": sum(len(feed["tokens"]) for feed in feeds["step"]),
+        "fp32_cider": round(float(found.fp32_scores.mean()), 3),
+        "int8_cider": round(float(found.int8_scores.mean()), 3),
+        "all_int8_delta_cider": round(compare(found.fp32_scores, found.all_int8_scores)[0], 3),
+        "threshold": threshold, "threshold_met": found.threshold_met, "layers_tried": found.layers_tried,
+        "build_s": round(time.perf_counter() - began, 1),
+    }
+    batched = {"encoder": ["pixels"], "step": [n for n in feeds["step"][0] if n != "step"]}
+    for name, graph in graphs.items():
+        feed = _rows(feeds[name][0], TIMING_ROWS[name], batched[name])
+        fp32_ms, int8_ms = compare_ms(graph.source, graph.target, feed)
+        quantization[name] = {
+            "file": graph.target.name, "ort_cpu_fp32_ms": round(fp32_ms, 4), "ort_cpu_int8_ms": round(int8_ms, 4),
+            "ort_cpu_speedup": round(fp32_ms / int8_ms, 3),
+            "op_types": list(graph.op_types) if graph.op_types else "all", "kept_fp32": found.kept_fp32[name],
+            **common,
+        }
+    files = {name: graph.target.name for name, graph in graphs.items()}
+    updated = replace(manifest, graphs={**manifest.graphs, "int8": files}, quantization=quantization)
+    updated.write(directory)
+    return updated

@@ -1,0 +1,89 @@
+"""Explicit Q/DQ INT8 graphs from an fp32 graph and its calibrated ranges, by ``onnxruntime.quantization``.
+
+The ``tensorrt`` scheme writes what TensorRT's strongly typed builds accept (DESIGN.md §7): QuantizeLinear /
+DequantizeLinear pairs in QInt8 with zero point 0 (symmetric activations and weights), per-channel weight scales,
+and biases left in float, because TensorRT refuses a DequantizeLinear on INT32 and folds the bias into the layer
+itself. onnxruntime's CPU provider still fuses such a graph into QLinearConv / QLinearMatMul, with the
+limits measured in :mod:`edgecap.calib.build`.
+
+The ``ort-cpu`` scheme writes asymmetric QUInt8 activations instead: ReLU6/Clip folds into the quantized range
+and x86 kernels run uint8 activations natively, which is what makes INT8 pay on ONNX Runtime CPU. TensorRT
+rejects it (non-zero zero points), so it is for CPU deployment only.
+
+Ranges are computed once (:mod:`edgecap.calib.ranges`) and reused by every call, so the sensitivity search can
+quantise with many exclusion sets cheaply.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMES = ("tensorrt", "ort-cpu")
+LAYER_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # ops with weights: the "layers" sensitivity ranks
+
+
+def quantizable_layers(model: Path, op_types: Sequence[str] | None = None) -> list[str]:
+    """Names of the weighted nodes (constant second input) that quantising with ``op_types`` touches, in order."""
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    constants = {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant"
+                                                       for o in n.output}
+    wanted = set(LAYER_OPS) & set(op_types) if op_types else set(LAYER_OPS)
+    return [n.name for n in graph.node if n.op_type in wanted and len(n.input) > 1 and n.input[1] in constants]
+
+
+def write_qdq(source: Path, target: Path, ranges, *, exclude: Sequence[str] = (),
+              op_types: Sequence[str] | None = None, scheme: str = "tensorrt") -> None:
+    """Write the Q/DQ INT8 copy of ``source`` to ``target``; nodes named in ``exclude`` stay fp32.
+
+    ``ranges`` is the ``TensorsData`` computed on ``source``; ``op_types`` limits which op types are quantised
+    (None: every type onnxruntime knows).
+    """
+    import onnx
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static, save_tensors_data
+
+    if scheme not in SCHEMES:
+        raise ValueError(f"INT8 scheme {scheme!r}: expected one of {', '.join(SCHEMES)}")
+    symmetric = scheme == "tensorrt"
+    extra = {"ActivationSymmetric": symmetric, "WeightSymmetric": True, "QuantizeBias": not symmetric}
+    quant_logger = logging.getLogger()
+    level = quant_logger.level
+    with tempfile.TemporaryDirectory(prefix="edgecap-qdq-") as tmp:
+        cache = Path(tmp) / "ranges.json"
+        save_tensors_data(ranges, cache)  # quantize_static reads ranges only through its cache file
+        quant_logger.setLevel(logging.ERROR)  # it warns about pre-processing the graphs edgecap already optimised
+        try:
+            quantize_static(str(source), str(target), None, quant_format=QuantFormat.QDQ, per_channel=True,
+                            reduce_range=False, activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
+                            weight_type=QuantType.QInt8, op_types_to_quantize=list(op_types) if op_types else None,
+                            nodes_to_exclude=list(exclude), calibrate_method=ranges.calibration_method,
+                            calibration_cache_path=cache, extra_options=extra)
+        finally:
+            quant_logger.setLevel(level)
+    onnx.checker.check_model(str(target))
+
+
+@dataclass(frozen=True)
+class QdqGraph:
+    """One graph's INT8 recipe: fp32 source, calibrated ranges and options; written again per exclusion set."""
+
+    name: str  # "encoder" / "step"
+    source: Path  # the fp32 graph the ranges were computed on
+    target: Path  # where the Q/DQ graph is written
+    ranges: object  # onnxruntime.quantization.TensorsData of ``source``
+    op_types: tuple[str, ...] | None = None  # op types to quantise; None: every type onnxruntime knows
+    scheme: str = "tensorrt"  # one of SCHEMES
+
+    def write(self, exclude: Sequence[str] = ()) -> Path:
+        """Write ``target`` with the nodes in ``exclude`` kept fp32; returns ``target``."""
+        write_qdq(self.source, self.target, self.ranges, exclude=exclude, op_types=self.op_types, scheme=self.scheme)
+        return self.target
+
+    def layers(self) -> list[str]:
+        """The weighted nodes this recipe quantises: the candidates for staying fp32."""
+        return quantizable_layers(self.source, self.op_types)

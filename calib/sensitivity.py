@@ -1,0 +1,143 @@
+"""Keep the layers whose INT8 costs captions in fp32, until |ΔCIDEr| on held-out photos is within a threshold.
+
+What matters is the caption, so the verdict is CIDEr-D (``edgecap.training.cider``, Java-free, 0-100 scale) of
+captions decoded exactly as ``edgecap.runtime.pipeline`` decodes them, against the held-out photos' human
+references, with the fp32 graphs as the baseline. The all-INT8 pair is measured first; only when it fails are
+layers ranked, and ranking every layer by ΔCIDEr would cost a decode of the held-out set per layer and drown in
+the noise of a hundred captions. So a cheap proxy orders the candidates: the share of its graph's output error
+(relative RMS on a few calibration feeds) that keeping one layer in fp32 removes. Layers are then kept fp32 in
+that order, ΔCIDEr measured after each, until the threshold is met or ``max_layers`` were tried; when it is never
+met every tried layer stays fp32 (the most accurate set tried) and the result says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+from edgecap.calib.quantize import QdqGraph
+from edgecap.runtime.backends.ort import OrtBackend
+from edgecap.runtime.manifest import Manifest
+from edgecap.runtime.pipeline import Captioner
+from edgecap.runtime.search import SearchOptions
+from tqdm import tqdm
+
+from edgecap.data.records import ImageRecord
+from edgecap.preprocess import Preprocessing, load_images
+from edgecap.training.cider import CiderD
+from edgecap.vocab import tokenize
+
+TRIAL = "calib-trial"  # precision name under which a candidate graph pair is loaded
+
+
+class CaptionScorer:
+    """CIDEr-D (0-100) of the captions a pair of graph files gives the held-out records."""
+
+    def __init__(self, directory: Path, manifest: Manifest, records: Sequence[ImageRecord], *, beam_size: int = 3,
+                 batch_size: int = 16):
+        self.directory, self.manifest, self.batch_size = directory, manifest, batch_size
+        self.options = SearchOptions(beam_size=beam_size)
+        self.image_ids = [r.image_id for r in records]
+        self.pixels = load_images([r.path for r in records], Preprocessing.from_json(manifest.preprocessing))
+        self.cider = CiderD({r.image_id: [tokenize(c) for c in r.captions] for r in records})
+
+    def captions(self, encoder: Path, step: Path) -> list[str]:
+        """Held-out captions through the graph files ``encoder`` and ``step``, decoded as the runtime decodes."""
+        manifest = replace(self.manifest, graphs={**self.manifest.graphs,
+                                                  TRIAL: {"encoder": str(encoder), "step": str(step)}})
+        captioner = Captioner(OrtBackend(self.directory, manifest, precision=TRIAL), manifest)
+        out = []
+        for start in range(0, len(self.pixels), self.batch_size):
+            hyps = captioner.search(self.pixels[start:start + self.batch_size], self.options)
+            out += [captioner.vocab.decode(h.tokens) for h in hyps]
+        return out
+
+    def scores(self, encoder: Path, step: Path) -> np.ndarray:
+        """float64 (images,): each held-out photo's CIDEr-D; their mean is the corpus score."""
+        words = [tokenize(text) for text in self.captions(encoder, step)]
+        return 100.0 * self.cider.score(self.image_ids, words)
+
+
+def compare(fp32: np.ndarray, int8: np.ndarray) -> tuple[float, float]:
+    """ΔCIDEr (int8 - fp32) and its standard error over the paired per-image scores.
+
+    A hundred photos give a standard error near 1 CIDEr point: a few captions that change decide the sign.
+    """
+    diff = int8 - fp32
+    return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
+
+
+def _run(path: Path, feeds: Sequence[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return [session.run(None, feed) for feed in feeds]
+
+
+def output_error(reference: list[list[np.ndarray]], candidate: list[list[np.ndarray]]) -> float:
+    """Mean relative RMS error over the float outputs of every feed."""
+    errors = [np.sqrt(np.sum((r - c) ** 2, dtype=np.float64) / max(np.sum(r.astype(np.float64) ** 2), 1e-30))
+              for ref, cand in zip(reference, candidate, strict=True) for r, c in zip(ref, cand, strict=True)
+              if r.dtype.kind == "f"]
+    return float(np.mean(errors))
+
+
+def rank_layers(graph: QdqGraph, feeds: Sequence[dict[str, np.ndarray]], *,
+                progress: bool = True) -> list[tuple[str, float]]:
+    """(layer, share of the all-INT8 output error removed by keeping it fp32), most helpful first.
+
+    Leaves ``graph.target`` holding the last trial graph; the caller rewrites it.
+    """
+    reference = _run(graph.source, feeds)
+    total = output_error(reference, _run(graph.write(), feeds))
+    gains = []
+    for layer in tqdm(graph.layers(), desc=f"ranking {graph.name} layers", unit="layer", disable=not progress):
+        remaining = output_error(reference, _run(graph.write([layer]), feeds))
+        gains.append((layer, (total - remaining) / total if total > 0 else 0.0))
+    return sorted(gains, key=lambda item: -item[1])
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """What the search found; CIDEr-D on the 0-100 scale, per held-out photo."""
+
+    kept_fp32: dict[str, list[str]]  # graph -> layers left in fp32, in the order they were kept
+    fp32_scores: np.ndarray = field(repr=False)  # fp32 graphs
+    int8_scores: np.ndarray = field(repr=False)  # the Q/DQ graphs as finally written
+    all_int8_scores: np.ndarray = field(repr=False)  # every candidate layer quantised
+    threshold: float = 1.0  # |ΔCIDEr| allowed
+    threshold_met: bool = True
+    layers_tried: int = 0  # layers kept fp32 one by one after the all-INT8 pair failed
+
+
+def keep_sensitive_layers(graphs: Mapping[str, QdqGraph], scorer: CaptionScorer,
+                          proxy_feeds: Mapping[str, Sequence[dict[str, np.ndarray]]], *, threshold: float = 1.0,
+                          max_layers: int = 12, progress: bool = True) -> Sensitivity:
+    """Write ``graphs["encoder"].target`` and ``graphs["step"].target`` with the fewest fp32 layers tried that
+    keep |ΔCIDEr| <= ``threshold`` (a negative threshold is never met: every tried layer stays fp32)."""
+    encoder, step = graphs["encoder"], graphs["step"]
+    fp32 = scorer.scores(encoder.source, step.source)
+    kept: dict[str, list[str]] = {name: [] for name in graphs}
+    for graph in graphs.values():
+        graph.write()
+    int8 = all_int8 = scorer.scores(encoder.target, step.target)
+    if abs(compare(fp32, int8)[0]) <= threshold:
+        return Sensitivity(kept, fp32, int8, all_int8, threshold, True, 0)
+    ranked = sorted(((gain, name, layer) for name, graph in graphs.items()
+                     for layer, gain in rank_layers(graph, proxy_feeds[name], progress=progress)),
+                    key=lambda item: -item[0])[:max_layers]
+    for graph in graphs.values():  # rank_layers left trial graphs behind
+        graph.write()
+    tried = 0
+    for _, name, layer in tqdm(ranked, desc="keeping sensitive layers fp32", unit="layer", disable=not progress):
+        kept[name].append(layer)
+        graphs[name].write(kept[name])
+        tried += 1
+        int8 = scorer.scores(encoder.target, step.target)
+        if abs(compare(fp32, int8)[0]) <= threshold:
+            return Sensitivity(kept, fp32, int8, all_int8, threshold, True, tried)
+    return Sensitivity(kept, fp32, int8, all_int8, threshold, False, tried)

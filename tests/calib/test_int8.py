@@ -1,0 +1,180 @@
+"""INT8 Q/DQ graphs of a tiny trained export: TensorRT-style quantisation, captions, repeatable ranges, sensitivity."""
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+CALIBRATION = dict(calibration_images=48, heldout_images=24, method="max", progress=False)
+
+
+def _fresh_copy(tiny_export, target):
+    shutil.copytree(tiny_export / "exp", target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def int8_export(tiny_export, tmp_path_factory):
+    """The tiny export with INT8 graphs in the TensorRT scheme (the default), every layer quantised."""
+    from edgecap.calib.build import add_int8
+    from edgecap.runtime.manifest import Manifest
+
+    from edgecap.data import load_dataset
+
+    directory = _fresh_copy(tiny_export, tmp_path_factory.mktemp("int8") / "exp")
+    records = load_dataset("shapes").split("train")
+    add_int8(directory, Manifest.read(directory), records, threshold=100.0, **CALIBRATION)
+    return directory
+
+
+def _initializers(model):
+    from onnx import numpy_helper
+
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graph", ["encoder", "step"])
+def test_int8_graphs_are_symmetric_qdq_with_per_channel_weights(int8_export, graph):
+    import onnx
+    from edgecap.runtime.manifest import Manifest
+
+    manifest = Manifest.read(int8_export)
+    assert manifest.graphs["int8"][graph] == manifest.quantization[graph]["file"] == f"{graph}.int8.onnx"
+    model = onnx.load(str(int8_export / f"{graph}.int8.onnx"))
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 13
+    values = _initializers(model)
+    quantize = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    dequantize = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    assert quantize and dequantize
+    zero_points = [values[n.input[2]] for n in quantize + dequantize if len(n.input) > 2]
+    assert zero_points and all(zp.dtype == np.int8 and not zp.any() for zp in zero_points)
+    assert not [n for n in dequantize if values.get(n.input[0], np.zeros(0, np.int8)).dtype == np.int32]  # TRT
+    weights = {n.output[0]: n for n in dequantize if n.input[0] in values and values[n.input[0]].ndim >= 2}
+    layers = [n for n in model.graph.node if n.op_type in ("Conv", "Gemm", "MatMul") and n.input[1] in weights]
+    assert layers
+    channels = []
+    for layer in layers:  # per output channel: an axis and one scale per channel along it
+        dq = weights[layer.input[1]]
+        weight, scale = values[dq.input[0]], values[dq.input[1]]
+        [axis] = [a.i for a in dq.attribute if a.name == "axis"]
+        assert scale.ndim == 1 and len(scale) == weight.shape[axis], layer.name
+        assert (layer.op_type != "Conv" or axis == 0) and (layer.op_type != "MatMul" or axis == 1), layer.name
+        channels.append(len(scale))
+    assert max(channels) > 1
+
+
+@pytest.mark.slow
+def test_int8_export_captions_like_fp32(int8_export):
+    from edgecap.runtime.pipeline import Captioner
+    from edgecap.runtime.search import SearchOptions
+
+    from edgecap.data import load_dataset
+
+    images = [r.path for r in load_dataset("shapes").split("test")[:12]]
+    fp32, int8 = (Captioner.from_dir(int8_export, precision=p) for p in ("fp32", "int8"))
+    assert [f.name for f in int8.manifest.graph_files(int8_export, "int8")] == ["encoder.int8.onnx", "step.int8.onnx"]
+    texts = [[c.text for c in captioner.caption(images, SearchOptions(beam_size=3))] for captioner in (fp32, int8)]
+    assert all(texts[1]) and sum(a == b for a, b in zip(*texts, strict=True)) >= 8
+
+
+@pytest.mark.slow
+def test_ort_cpu_scheme_writes_uint8_activations_that_caption(int8_export, tmp_path):
+    import onnx
+    from edgecap.calib.feeds import load_encoder_feeds, load_step_feeds
+    from edgecap.calib.quantize import write_qdq
+    from edgecap.calib.ranges import compute_ranges
+    from edgecap.runtime.manifest import Manifest
+    from edgecap.runtime.pipeline import Captioner
+    from edgecap.runtime.search import SearchOptions
+
+    from edgecap.data import load_dataset
+
+    directory = shutil.copytree(int8_export, tmp_path / "exp")
+    calib = directory / "calib"
+    feeds = {"encoder": load_encoder_feeds(calib / "encoder.npz"), "step": load_step_feeds(calib / "step.npz")}
+    for graph, ops in (("encoder", None), ("step", ("Gemm", "MatMul"))):
+        ranges = compute_ranges(directory / f"{graph}.onnx", feeds[graph], method="max")
+        write_qdq(directory / f"{graph}.onnx", directory / f"{graph}.int8.onnx", ranges, op_types=ops,
+                  scheme="ort-cpu")
+        model = onnx.load(str(directory / f"{graph}.int8.onnx"))
+        values = _initializers(model)
+        activations = [values[n.input[2]] for n in model.graph.node
+                       if n.op_type == "QuantizeLinear" and n.input[0] not in values]
+        assert activations and all(zp.dtype == np.uint8 for zp in activations)
+    images = [r.path for r in load_dataset("shapes").split("test")[:12]]
+    fp32, int8 = (Captioner.from_dir(directory, precision=p) for p in ("fp32", "int8"))
+    assert Manifest.read(directory).graphs["int8"]["encoder"] == "encoder.int8.onnx"
+    texts = [[c.text for c in captioner.caption(images, SearchOptions(beam_size=3))] for captioner in (fp32, int8)]
+    assert all(texts[1]) and sum(a == b for a, b in zip(*texts, strict=True)) >= 6  # tiny model
+
+
+@pytest.mark.slow
+def test_saved_feeds_reproduce_the_ranges(int8_export):
+    from edgecap.calib.feeds import load_encoder_feeds, load_step_feeds
+    from edgecap.calib.ranges import compute_ranges
+    from edgecap.runtime.backends.ort import OrtBackend
+    from edgecap.runtime.manifest import Manifest
+    from onnxruntime.quantization import load_tensors_data
+
+    calib = int8_export / "calib"
+    feeds = {"encoder": load_encoder_feeds(calib / "encoder.npz"), "step": load_step_feeds(calib / "step.npz")}
+    assert sum(len(f["pixels"]) for f in feeds["encoder"]) == 48
+    assert len({int(f["step"]) for f in feeds["step"]}) > 3  # rows from many positions of real captions
+    step_session = OrtBackend(int8_export, Manifest.read(int8_export)).step
+    for feed in feeds["step"]:
+        assert np.isfinite(step_session.run(["topk_logprobs"], feed)[0]).all()
+    for graph in ("encoder", "step"):
+        [cached] = calib.glob(f"{graph}.max.*.json")
+        saved = load_tensors_data(cached)
+        again = compute_ranges(int8_export / f"{graph}.onnx", feeds[graph], method="max")
+        assert set(again.data) == set(saved.data)
+        for name, data in again.data.items():
+            np.testing.assert_array_equal(data.range_value, saved.data[name].range_value, err_msg=name)
+
+
+@pytest.mark.slow
+def test_an_impossible_threshold_keeps_layers_fp32_and_says_so(tiny_export, tmp_path):
+    import onnx
+    from edgecap.calib.build import add_int8
+    from edgecap.runtime.manifest import Manifest
+
+    from edgecap.data import load_dataset
+
+    directory = _fresh_copy(tiny_export, tmp_path / "exp")
+    records = load_dataset("shapes").split("train")
+    manifest = add_int8(directory, Manifest.read(directory), records, threshold=-1.0, max_layers=2,
+                        **CALIBRATION)
+    q = manifest.quantization
+    assert q["threshold_met"] is False and q["layers_tried"] == 2
+    kept = {graph: q[graph]["kept_fp32"] for graph in ("encoder", "step")}
+    assert sum(map(len, kept.values())) == 2
+    for graph, layers in kept.items():
+        model = onnx.load(str(directory / q[graph]["file"]))
+        producer = {out: node.op_type for node in model.graph.node for out in node.output}
+        for node in model.graph.node:
+            if node.name in layers:
+                assert producer.get(node.input[1]) != "DequantizeLinear", node.name  # its weights stayed float
+    assert manifest.graphs["int8"] == {"encoder": "encoder.int8.onnx", "step": "step.int8.onnx"}
+    assert Manifest.read(directory) == manifest
+
+
+def test_calib_imports_no_torch():
+    code = textwrap.dedent("""
+        import sys
+        class BlockTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("torch is blocked in this test")
+        sys.meta_path.insert(0, BlockTorch())
+        import edgecap.calib.build, edgecap.calib.feeds, edgecap.calib.quantize, edgecap.calib.ranges
+        import edgecap.calib.sensitivity
+        assert "torch" not in sys.modules
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
