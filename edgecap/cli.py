@@ -215,6 +215,55 @@ def parity(
         raise typer.Exit(1)
 
 
+def parse_ints(value: str, option: str) -> list[int]:
+    """A comma-separated list of positive integers such as ``1,4``."""
+    try:
+        items = [int(item) for item in value.split(",") if item.strip()]
+    except ValueError:
+        items = []
+    if not items or min(items) < 1:
+        raise EdgecapError(f"{option} {value!r}: expected a comma-separated list of positive integers, e.g. 1,4")
+    return list(dict.fromkeys(items))
+
+
+@app.command()
+def bench(
+    export_dir: Annotated[Path | None, typer.Argument(help="Export directory made by `edgecap export`")] = None,
+    backend: Annotated[str, typer.Option(help="Backends, comma-separated: torch,ort")] = "torch,ort",
+    precision: Annotated[str, typer.Option(help="Graph precisions, comma-separated: fp32,fp16,int8")] = "fp32",
+    batch: Annotated[str, typer.Option(help="Images per caption call, comma-separated")] = "1",
+    beam: Annotated[str, typer.Option(help="Beam sizes, comma-separated")] = "3",
+    runs: Annotated[int, typer.Option(help="Timed runs per configuration", min=1)] = 50,
+    warmup: Annotated[int, typer.Option(help="Untimed runs per configuration before timing", min=0)] = 5,
+    threads: Annotated[int, typer.Option(help="Intra-op threads, torch and ONNX Runtime alike", min=1)] = 1,
+    images: Annotated[Path | None, typer.Option(help="Folder of photos (default: the shipped samples)")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here")] = None,
+    markdown_out: Annotated[Path | None, typer.Option("--markdown", help="Also write the Markdown report here")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG chart of the timings")] = None,
+) -> None:
+    """Time encoder, step and whole caption per backend/precision/batch/beam, side by side with PyTorch eager."""
+    from edgecap.benchmarking import BenchPlan, run_bench
+    from edgecap.report import bench_json, bench_markdown, bench_plot, write_json, write_text
+
+    if export_dir is None:
+        raise EdgecapError("bench needs EXPORT_DIR, an export directory made by `edgecap export`")
+    plan = BenchPlan(backends=tuple(parse_list(backend, Backend, "--backend")),
+                     precisions=tuple(parse_list(precision, Precision, "--precision")),
+                     batches=tuple(parse_ints(batch, "--batch")), beams=tuple(parse_ints(beam, "--beam")),
+                     runs=runs, warmup=warmup, threads=threads, images=images)
+    report = run_bench(export_dir, plan)
+    data, text = bench_json(report), bench_markdown(report)
+    typer.echo(text)
+    for path in (export_dir / "reports" / "bench.json", json_out):
+        if path:
+            write_json(data, path)
+    for path in (export_dir / "reports" / "bench.md", markdown_out):
+        if path:
+            write_text(text, path)
+    if plot:
+        bench_plot(report, plot)
+
+
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit status 2 (``--debug`` keeps the traceback)."""
     debug = "--debug" in sys.argv

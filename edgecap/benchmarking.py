@@ -1,0 +1,287 @@
+"""``edgecap bench``: time the grid backend x precision x batch x beam of an export, side by side (DESIGN.md §8).
+
+Every (backend, precision) runs in a fresh process of its own (``spawn``), for two reasons: torch's and ONNX
+Runtime's thread pools never share a process (on a small machine they fight, TOOLCHAIN.md), and the peak
+resident memory of each row belongs to that backend alone (the ONNX Runtime processes never import torch).
+Both libraries are pinned to the same intra-op thread count, which the report records.
+
+The PyTorch eager reference is the model the export came from (``load_reference``, sha256-checked), behind the
+same ``encode(pixels) -> StepSession`` interface and the same beam search as ONNX Runtime, so the ratio between
+them is the gain of the exported graphs alone. Timing itself lives in ``edgecap.runtime.bench`` (torch-free).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from edgecap.errors import DataError, EdgecapError, ModelError
+from edgecap.preprocess import Preprocessing, load_images
+from edgecap.runtime.bench import (
+    BenchRow,
+    library_versions,
+    machine_info,
+    memcopy_bandwidth_gb_s,
+    ort_weight_bytes,
+    peak_rss_mb,
+    summarize,
+    time_captions,
+    with_speedups,
+)
+from edgecap.runtime.manifest import Manifest
+from edgecap.runtime.search import SearchOptions, bad_ending_ids
+from edgecap.vocab import Vocab
+
+SAMPLES = Path(__file__).resolve().parent / "assets" / "samples"
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+DEFAULT_RUNS = 50
+DEFAULT_WARMUP = 5
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+TORCH_PRECISIONS = ("fp32",)  # the eager reference runs in the precision it was trained in
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    backends: tuple[str, ...] = ("torch", "ort")  # "torch" (eager reference) and/or "ort"
+    precisions: tuple[str, ...] = ("fp32",)  # graph precisions; ones the export lacks are skipped with a note
+    batches: tuple[int, ...] = (1,)  # images per caption call
+    beams: tuple[int, ...] = (3,)  # beam sizes; ones above the export's top-k / 2 are skipped with a note
+    runs: int = DEFAULT_RUNS  # measured runs per row
+    warmup: int = DEFAULT_WARMUP  # runs per row before timing starts
+    threads: int = 1  # torch.set_num_threads and ORT intra_op_num_threads, both
+    images: Path | None = None  # folder of photos repeated to fill a batch (default: the shipped samples)
+
+    def __post_init__(self):
+        for name in ("backends", "precisions", "batches", "beams"):
+            if not getattr(self, name):
+                raise EdgecapError(f"bench: no {name} given")
+        if min(self.batches) < 1 or min(self.beams) < 1:
+            raise EdgecapError(f"bench: batch and beam sizes must be >= 1, got {self.batches} and {self.beams}")
+        if self.runs < 1 or self.warmup < 0 or self.threads < 1:
+            raise EdgecapError(f"bench: need runs >= 1, warmup >= 0, threads >= 1 "
+                               f"(got {self.runs}, {self.warmup}, {self.threads})")
+
+
+@dataclass(frozen=True)
+class TargetCheck:
+    """A figure the issue asks to report against a target (reported, never asserted)."""
+
+    name: str
+    target: str
+    value: float | None  # None: not measured in this grid
+    met: bool | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    export_dir: Path
+    model_id: str
+    machine: dict
+    plan: BenchPlan
+    rows: list[BenchRow]
+    memcopy_gb_s: float
+    images: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def targets(self) -> list[TargetCheck]:
+        return target_checks(self.rows)
+
+
+@dataclass(frozen=True)
+class _Job:
+    export_dir: Path
+    backend: str
+    precision: str
+    batch: int
+    beam: int
+    pixels: np.ndarray  # float32 (batch, 3, H, W)
+    runs: int
+    warmup: int
+    threads: int
+    bandwidth_gb_s: float
+
+
+def run_bench(export_dir: Path, plan: BenchPlan) -> BenchReport:
+    """Time every row of ``plan`` on ``export_dir``; one spawned process per (backend, precision)."""
+    export_dir = Path(export_dir)
+    if not export_dir.is_dir():
+        raise ModelError(f"{export_dir}: no such directory; pass an export directory made by `edgecap export`")
+    manifest = Manifest.read(export_dir)
+    notes: list[str] = []
+    pairs = []
+    for backend in plan.backends:
+        for precision in plan.precisions:
+            if backend == "torch" and precision not in TORCH_PRECISIONS:
+                notes.append(f"torch {precision}: skipped (the PyTorch eager reference runs fp32 only)")
+            elif backend == "ort" and precision not in manifest.graphs:
+                notes.append(f"ort {precision}: skipped (not exported here: {', '.join(manifest.graphs)}; "
+                             f"`edgecap export --precision {precision}` adds it)")
+            else:
+                pairs.append((backend, precision))
+    beams = [b for b in plan.beams if 2 * b <= manifest.topk]
+    notes += [f"beam {b}: skipped (the step graph returns {manifest.topk} candidates, beam {b} needs {2 * b}; "
+              f"re-export with --beam {b})" for b in plan.beams if b not in beams]
+    if not pairs or not beams:
+        raise EdgecapError(f"bench: nothing to run on {export_dir}: " + "; ".join(notes))
+    files = sample_images(plan.images)
+    pixels = load_images(files, Preprocessing.from_json(manifest.preprocessing))
+    load_start = machine_info()["load_average"]  # the machine may be shared: say how busy it was
+    bandwidth = memcopy_bandwidth_gb_s()
+    shapes = [(batch, beam) for batch in sorted(plan.batches) for beam in sorted(beams)]
+    rows: list[BenchRow] = []
+    versions: dict[str, str] = {}
+    with (tqdm(total=len(pairs) * len(shapes), desc="bench", unit="config", disable=None) as bar,
+          _pinned_threads(plan.threads)):
+        for backend, precision in pairs:
+            # max_workers=1 keeps one worker for all rows of this pair: the model loads once, RSS is its own.
+            with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+                for batch, beam in shapes:
+                    bar.set_description(f"bench {backend} {precision} batch {batch} beam {beam}")
+                    job = _Job(export_dir=export_dir.resolve(), backend=backend, precision=precision, batch=batch,
+                               beam=beam, pixels=pixels[np.arange(batch) % len(pixels)], runs=plan.runs,
+                               warmup=plan.warmup, threads=plan.threads, bandwidth_gb_s=bandwidth)
+                    row, child_versions = pool.submit(_bench_row, job).result()
+                    rows.append(row)
+                    versions.update(child_versions)
+                    bar.update()
+    machine = machine_info()
+    machine["versions"] = {**machine["versions"], **versions}
+    machine["memcopy_gb_s"] = bandwidth
+    machine["load_average_start"] = load_start
+    return BenchReport(export_dir=export_dir, model_id=manifest.model_id, machine=machine, plan=plan,
+                       rows=with_speedups(rows), memcopy_gb_s=bandwidth, images=[str(f) for f in files], notes=notes)
+
+
+def sample_images(folder: Path | None) -> list[Path]:
+    """The photos of ``folder`` (default: the shipped samples), sorted; a DataError when there are none."""
+    folder = Path(folder) if folder is not None else SAMPLES
+    if not folder.is_dir():
+        raise DataError(f"{folder}: no such folder; pass --images DIR with a few photos")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise DataError(f"{folder}: no images ({', '.join(IMAGE_SUFFIXES)}); pass --images DIR with a few photos")
+    return files
+
+
+@contextmanager
+def _pinned_threads(threads: int) -> Iterator[None]:
+    """OpenMP/BLAS thread variables for the spawned workers (read when their libraries load), then restored."""
+    saved = {name: os.environ.get(name) for name in THREAD_VARIABLES}
+    os.environ.update({name: str(threads) for name in THREAD_VARIABLES})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+# ---- inside the worker process ------------------------------------------------------------------------------------
+
+_LOADED: dict[tuple[str, str], tuple[object, int | None, frozenset[int]]] = {}
+
+
+def _bench_row(job: _Job) -> tuple[BenchRow, dict[str, str]]:
+    """Run in a spawned worker: load (once) the backend of ``job``, time one row, report the libraries used."""
+    options = SearchOptions(beam_size=job.beam)
+    backend, weight_bytes, banned = _load(job, options.k)
+    timings = time_captions(backend, job.pixels, options, runs=job.runs, warmup=job.warmup, bad_ending_ids=banned)
+    row = summarize(timings, backend=job.backend, precision=job.precision, options=options, threads=job.threads,
+                    warmup=job.warmup, step_weight_bytes=weight_bytes, bandwidth_gb_s=job.bandwidth_gb_s,
+                    peak_rss=peak_rss_mb())
+    return row, library_versions()
+
+
+def _load(job: _Job, k: int):
+    """(backend, step weight bytes, banned ending ids) for the job's backend and precision, cached per process."""
+    key = (job.backend, job.precision)
+    if key not in _LOADED:
+        manifest = Manifest.read(job.export_dir)
+        banned = bad_ending_ids(Vocab.from_json(manifest.vocab).words, SearchOptions().bad_endings)
+        if job.backend == "torch":
+            import torch
+
+            torch.set_num_threads(job.threads)
+            try:
+                torch.set_num_interop_threads(1)
+            except RuntimeError:  # already set in this process: keep what it is
+                pass
+            from edgecap.training.checkpoint import load_reference
+
+            captioner = load_reference(manifest).captioner
+            weight_bytes = _torch_step_weight_bytes(job.export_dir, manifest, captioner.decoder)
+            _LOADED[key] = (captioner, weight_bytes, banned)
+        else:
+            from edgecap.runtime.backends.ort import OrtBackend
+
+            backend = OrtBackend(job.export_dir, manifest, precision=job.precision, threads=job.threads)
+            step_file = manifest.graph_files(job.export_dir, job.precision)[1]
+            _LOADED[key] = (backend, ort_weight_bytes(step_file, providers=backend.step.get_providers()), banned)
+    loaded, weight_bytes, banned = _LOADED[key]
+    if job.backend == "torch":
+        from edgecap.torch_backend import TorchBackend
+
+        return TorchBackend(loaded, k), weight_bytes, banned  # k (candidates per row) follows the beam
+    return loaded, weight_bytes, banned
+
+
+def _torch_step_weight_bytes(export_dir: Path, manifest: Manifest, decoder) -> int | None:
+    """The eager step computes what the fp32 step graph computes (same checkpoint, sha256-checked), so its floor
+    uses that graph's weight bytes. The decoder's own parameters would overcount: they include the layers only
+    ``prepare`` runs (they sit in the encoder graph) and the whole embedding table, of which a step reads N rows.
+    """
+    if "fp32" in manifest.graphs:
+        counted = ort_weight_bytes(manifest.graph_files(export_dir, "fp32")[1])
+        if counted is not None:
+            return counted
+    from torch import nn
+
+    tables = {id(m.weight) for m in decoder.modules() if isinstance(m, nn.Embedding)}
+    return sum(p.numel() * p.element_size() for p in decoder.parameters() if id(p) not in tables)
+
+
+# ---- targets (reported against, never asserted) -------------------------------------------------------------------
+
+def _row(rows: Sequence[BenchRow], backend: str, precision: str, batch: int, beam: int) -> BenchRow | None:
+    return next((r for r in rows if (r.backend, r.precision, r.batch, r.beam) == (backend, precision, batch, beam)),
+                None)
+
+
+def target_checks(rows: Sequence[BenchRow]) -> list[TargetCheck]:
+    """The issue's three targets: ORT fp32 caption >= 3x eager (batch 1, beam 3), int8 encoder >= 1.4x fp32
+    encoder, host-side search <= 10% of caption time."""
+    checks = []
+    ort = _row(rows, "ort", "fp32", 1, 3)
+    speedup = ort.speedup_vs_torch if ort else None
+    checks.append(TargetCheck(
+        "caption speedup, ort fp32 vs torch eager, batch 1 beam 3", ">= 3x", speedup,
+        None if speedup is None else speedup >= 3.0,
+        "not measured (needs torch and ort fp32 at batch 1, beam 3)" if speedup is None else f"{speedup:.2f}x"))
+    int8 = [r for r in rows if (r.backend, r.precision) == ("ort", "int8")]
+    pairs = [(r, _row(rows, "ort", "fp32", r.batch, r.beam)) for r in int8]
+    ratios = [(r, f.encoder_ms_p50 / r.encoder_ms_p50) for r, f in pairs if f is not None and r.encoder_ms_p50 > 0]
+    low = min((x for _, x in ratios), default=None)
+    checks.append(TargetCheck(
+        "encoder speedup, ort int8 vs ort fp32", ">= 1.4x", low, None if low is None else low >= 1.4,
+        "not measured (needs ort int8 and fp32 graphs)" if not ratios
+        else ", ".join(f"{x:.2f}x at batch {r.batch} beam {r.beam}" for r, x in ratios)))
+    worst = max(rows, key=lambda r: r.search_overhead_share, default=None)
+    checks.append(TargetCheck(
+        "host-side search share of caption time (worst row)", "<= 10%",
+        None if worst is None else worst.search_overhead_share,
+        None if worst is None else worst.search_overhead_share <= 0.10,
+        "no rows" if worst is None else f"{100 * worst.search_overhead_share:.1f}% ({worst.backend} {worst.precision} "
+                                        f"batch {worst.batch} beam {worst.beam})"))
+    return checks
