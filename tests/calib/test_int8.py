@@ -18,16 +18,23 @@ def _fresh_copy(tiny_export, target):
 
 @pytest.fixture(scope="module")
 def int8_export(tiny_export, tmp_path_factory):
-    """The tiny export with INT8 graphs in the TensorRT scheme (the default), every layer quantised."""
-    from edgecap.calib.build import add_int8
-    from edgecap.runtime.manifest import Manifest
+    """The tiny run exported by the CLI with INT8 graphs in the TensorRT scheme (the default), every layer INT8."""
+    from tests.test_cli import invoke
 
-    from edgecap.data import load_dataset
-
-    directory = _fresh_copy(tiny_export, tmp_path_factory.mktemp("int8") / "exp")
-    records = load_dataset("shapes").split("train")
-    add_int8(directory, Manifest.read(directory), records, threshold=100.0, **CALIBRATION)
+    directory = tmp_path_factory.mktemp("int8") / "exp"
+    code, output = invoke("export", str(tiny_export / "run"), "--out", str(directory), "--precision", "fp32,int8",
+                          "--calib-data", "shapes", "--calib-images", "48", "--calib-heldout", "24",
+                          "--calib-max-delta", "100")
+    assert code == 0, output
+    assert "int8 (tensorrt, max): ΔCIDEr" in output
     return directory
+
+
+def test_int8_export_without_calibration_data_is_a_one_line_error(tmp_path):
+    from tests.test_cli import invoke
+
+    code, output = invoke("export", "--out", str(tmp_path / "exp"), "--precision", "fp32,int8")
+    assert code == 2 and "--calib-data" in output and not (tmp_path / "exp").exists()
 
 
 def _initializers(model):
