@@ -34,7 +34,8 @@ class TrainConfig:
     seed: int = 0  # seeds torch, numpy and the batch order
     min_word_count: int = 5  # rarer training words become <unk>
     max_caption_length: int = 20  # words kept per training caption and longest decode
-    doubly_stochastic: float = 1.0  # lambda of mean_i (1 - sum_t alpha_ti)^2 (the paper's sum over i, scaled by 1/L)
+    doubly_stochastic: float = 1.0  # lambda of mean_i (1 - sum_t alpha_ti)^2 (the paper's sum over i, scaled by 1/L);
+    # applies to models whose forward returns a softmax attention "alpha" (B, T, L)
     hard_entropy: float = 0.01  # hard attention: entropy bonus lambda_e
     hard_baseline_decay: float = 0.9  # hard attention: moving-average baseline b = d*b + (1-d)*log p
     scst_epochs: int = 0  # self-critical epochs after cross-entropy (0: none)

@@ -162,13 +162,15 @@ class Trainer:
             length = int((tokens != PAD).sum(1).max())
             tokens = tokens[:, :length]
             features = self.train_features.get(self.pairs.image_index[rows])
-            out = self.captioner.decoder(features, tokens[:, :-1], hard=hard)
+            out = self.captioner.decoder(features, tokens[:, :-1], **({"hard": True} if hard else {}))
             target = tokens[:, 1:]
             mask = (target != PAD).float()
             nll = -out["logprobs"].gather(-1, target.unsqueeze(-1)).squeeze(-1)
             xe = (nll * mask).sum() / mask.sum()
             loss = xe
-            if cfg.doubly_stochastic:
+            for stage in out.get("stage_logprobs", ()):  # coarse-to-fine models: every earlier stage's XE too
+                loss = loss + (-stage.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask).sum() / mask.sum()
+            if cfg.doubly_stochastic and "alpha" in out:
                 coverage = (out["alpha"] * mask.unsqueeze(-1)).sum(1)
                 loss = loss + cfg.doubly_stochastic * ((1 - coverage) ** 2).mean()
             if hard:
