@@ -1,12 +1,11 @@
 """INT8 Q/DQ graphs of a tiny trained export: TensorRT-style quantisation, captions, repeatable ranges, sensitivity."""
 
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
+
+from tests.without_torch import run_without_torch
 
 CALIBRATION = dict(calibration_images=48, heldout_images=24, method="max", progress=False)
 
@@ -170,18 +169,7 @@ def test_an_impossible_threshold_keeps_layers_fp32_and_says_so(tiny_export, tmp_
 
 
 def test_calib_imports_no_torch():
-    code = textwrap.dedent("""
-        import sys
-        class BlockTorch:
-            def find_spec(self, name, path=None, target=None):
-                if name == "torch" or name.startswith("torch."):
-                    raise ImportError("torch is blocked in this test")
-        sys.meta_path.insert(0, BlockTorch())
+    run_without_torch("""
         import edgecap.calib.build, edgecap.calib.feeds, edgecap.calib.quantize, edgecap.calib.ranges
         import edgecap.calib.sensitivity
-        assert "torch" not in sys.modules
-        print("ok")
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"

@@ -1,15 +1,13 @@
 """Export a tiny trained model, then caption through ONNX Runtime with no torch and compare with PyTorch."""
 
 import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 from edgecap.runtime.manifest import MANIFEST_NAME, Manifest
 
 from edgecap.errors import ModelError
 from tests.test_cli import invoke
+from tests.without_torch import run_without_torch
 
 
 @pytest.mark.slow
@@ -42,22 +40,13 @@ def test_export_directory_captions_without_torch(tiny_export):
     from edgecap.data import load_dataset
 
     image = load_dataset("shapes").split("test")[0].path
-    code = textwrap.dedent(f"""
-        import sys
-        class BlockTorch:
-            def find_spec(self, name, path=None, target=None):
-                if name == "torch" or name.startswith("torch."):
-                    raise ImportError("torch is blocked in this test")
-        sys.meta_path.insert(0, BlockTorch())
+    assert run_without_torch(f"""
         from edgecap.runtime.pipeline import Captioner
         from edgecap.runtime.search import SearchOptions
         [result] = Captioner.from_dir({str(tiny_export / "exp")!r}).caption([{str(image)!r}], SearchOptions())
-        assert result.text and "torch" not in sys.modules
+        assert result.text
         print(result.text)
-    """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip()
+    """).strip()
 
 
 @pytest.mark.slow

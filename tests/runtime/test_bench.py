@@ -6,9 +6,6 @@ relate (encoder + steps <= caption, the reference's ratio is 1, ...) and that th
 
 import json
 import math
-import subprocess
-import sys
-import textwrap
 from dataclasses import replace
 
 import numpy as np
@@ -25,6 +22,7 @@ from edgecap.runtime.search import SearchOptions
 
 from edgecap.vocab import EOS
 from tests.test_cli import invoke
+from tests.without_torch import run_without_torch
 
 ENCODE_S, TILE_S, STEP_S = 0.005, 0.0004, 0.001  # what the scripted backend "spends" on the clock
 
@@ -136,23 +134,12 @@ def test_step_weight_bytes_count_what_a_run_reads(tmp_path):
 
 
 def test_timing_core_and_machine_info_never_import_torch():
-    code = textwrap.dedent("""
-        import sys
-        class BlockTorch:
-            def find_spec(self, name, path=None, target=None):
-                if name == "torch" or name.startswith("torch."):
-                    raise ImportError("torch is blocked in this test")
-        sys.meta_path.insert(0, BlockTorch())
+    run_without_torch("""
         from edgecap.runtime.bench import machine_info, memcopy_bandwidth_gb_s, peak_rss_mb
         info = machine_info()
         assert info["cpu"] and info["cores"] >= 1 and "torch" not in info["versions"]
         assert memcopy_bandwidth_gb_s(megabytes=8, repeats=2) > 0 and peak_rss_mb() > 0
-        assert "torch" not in sys.modules
-        print("ok")
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
 
 
 @pytest.mark.parametrize("args, message", [
