@@ -64,8 +64,7 @@ class StepGraph(nn.Module):
 
 
 @torch.no_grad()
-def tensor_names(captioner: Captioner) -> tuple[list[str], list[str]]:
-    """(memory names, state names) the decoder's ``prepare`` produces, in a stable order."""
-    side = 32
-    memory, state = captioner.decoder.prepare(captioner.encode(torch.zeros(1, 3, side * 2, side * 2)))
+def tensor_names(captioner: Captioner, image_size: int) -> tuple[list[str], list[str]]:
+    """(memory names, state names) the decoder's ``prepare`` produces at the model's input size, in a stable order."""
+    memory, state = captioner.decoder.prepare(captioner.encode(torch.zeros(1, 3, image_size, image_size)))
     return sorted(memory), sorted(state)

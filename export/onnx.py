@@ -24,7 +24,9 @@ from edgecap.errors import EdgecapError
 from edgecap.training.checkpoint import DEFAULT_MODEL, LoadedModel, checkpoint_file, file_sha256
 
 OPSET = 18
-TOLERANCE = {"encoder": 1e-4, "step": 1e-4}  # max |ORT - PyTorch| per output, fp32 graphs
+# max |ORT - PyTorch| per output of the fp32 graphs, in units of max(1, max |PyTorch|): a sum over thousands of
+# terms (a conv over a 7x7x1024 window) that reaches 50 rounds differently by ~1e-4 absolute, ~2e-6 relative.
+TOLERANCE = {"encoder": 1e-4, "step": 1e-4}
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,12 @@ def _compare(graph: str, names: list[str], expected: tuple[torch.Tensor, ...], a
         if want.shape != got.shape:
             mismatches.append(Mismatch(graph, name, want.shape, got.shape, float("inf"), tolerance))
             continue
-        diff = float(np.abs(want.astype(np.float64) - got.astype(np.float64)).max()) if want.size else 0.0
-        if diff > tolerance:
-            mismatches.append(Mismatch(graph, name, want.shape, got.shape, diff, tolerance))
+        if not want.size:
+            continue
+        diff = float(np.abs(want.astype(np.float64) - got.astype(np.float64)).max())
+        allowed = tolerance * max(1.0, float(np.abs(want).max()))
+        if diff > allowed:
+            mismatches.append(Mismatch(graph, name, want.shape, got.shape, diff, allowed))
     return mismatches
 
 
@@ -91,7 +96,7 @@ def export_onnx(loaded: LoadedModel, out_dir: Path, *, real_pixels: np.ndarray, 
 
     out_dir.mkdir(parents=True, exist_ok=True)
     captioner = loaded.captioner.eval()
-    memory_names, state_names = tensor_names(captioner)
+    memory_names, state_names = tensor_names(captioner, loaded.prep.image_size)
     encoder = EncoderGraph(captioner, memory_names, state_names)
     step = StepGraph(captioner, memory_names, state_names, k)
     rows = torch.export.Dim("N", min=1, max=4096)
