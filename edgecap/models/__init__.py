@@ -8,8 +8,9 @@ from torch import nn
 
 from edgecap.errors import ModelError
 from edgecap.models.sat import SAT, SATConfig
+from edgecap.models.spca import SPCA, SPCAConfig
 
-MODELS: dict[str, tuple[type, type[nn.Module]]] = {"sat": (SATConfig, SAT)}
+MODELS: dict[str, tuple[type, type[nn.Module]]] = {"sat": (SATConfig, SAT), "spca": (SPCAConfig, SPCA)}
 
 
 def build_model(model_id: str, config: dict) -> nn.Module:
