@@ -19,6 +19,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 class ModelId(str, Enum):
     sat = "sat"
     spca = "spca"
+    stackcap = "stackcap"
 
 
 class PresetName(str, Enum):

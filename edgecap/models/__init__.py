@@ -9,8 +9,10 @@ from torch import nn
 from edgecap.errors import ModelError
 from edgecap.models.sat import SAT, SATConfig
 from edgecap.models.spca import SPCA, SPCAConfig
+from edgecap.models.stackcap import StackCap, StackCapConfig
 
-MODELS: dict[str, tuple[type, type[nn.Module]]] = {"sat": (SATConfig, SAT), "spca": (SPCAConfig, SPCA)}
+MODELS: dict[str, tuple[type, type[nn.Module]]] = {"sat": (SATConfig, SAT), "spca": (SPCAConfig, SPCA),
+                                                    "stackcap": (StackCapConfig, StackCap)}
 
 
 def build_model(model_id: str, config: dict) -> nn.Module:

@@ -28,6 +28,7 @@ from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing
 from edgecap.runtime.search import SearchOptions
 from edgecap.torch_backend import captions_of, search_features
+from edgecap.training.c2f import c2f_loss
 from edgecap.training.checkpoint import checkpoint_payload, read_checkpoint, save_atomic
 from edgecap.training.cider import CiderD
 from edgecap.training.data import ImageFeatures, caption_pairs, tokenised_references
@@ -207,9 +208,14 @@ class Trainer:
         for start in bar:
             rows = order[start:start + cfg.scst_batch_images]
             features = self.train_features.get(rows)
-            loss, reward = scst_loss(self.captioner.decoder, features, [self.train_records[i].image_id for i in rows],
-                                     cider=self.train_cider, vocab=self.vocab, samples=cfg.scst_samples,
-                                     max_length=cfg.max_caption_length, baseline=cfg.scst_baseline)
+            decoder, ids = self.captioner.decoder, [self.train_records[i].image_id for i in rows]
+            if hasattr(decoder, "stage_step"):  # coarse-to-fine models: C2F RL, whose baselines are fixed by the paper
+                loss, reward = c2f_loss(decoder, features, ids, cider=self.train_cider, vocab=self.vocab,
+                                        samples=cfg.scst_samples, max_length=cfg.max_caption_length)
+            else:
+                loss, reward = scst_loss(decoder, features, ids, cider=self.train_cider, vocab=self.vocab,
+                                         samples=cfg.scst_samples, max_length=cfg.max_caption_length,
+                                         baseline=cfg.scst_baseline)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.captioner.parameters(), cfg.grad_clip)

@@ -14,37 +14,51 @@ import torch
 from torch import nn
 
 from edgecap.training.cider import CiderD
-from edgecap.vocab import EOS, PAD, Vocab
+from edgecap.vocab import BOS, EOS, PAD, Vocab
 
 
 def sample_captions(decoder: nn.Module, features: torch.Tensor, *, samples: int, max_length: int,
-                    greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    greedy: bool = False, stages: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decode ``samples`` captions per image of (B, L, C) features.
 
     Returns tokens (B*S, T) with eos included and pad after it, their log-probs
     (B*S, T) (differentiable unless under no_grad) and the mask (B*S, T) of
     positions that count (up to and including eos). Rows are image-major.
+
+    With ``stages`` the decoder is multi-stage (``stage_step``, coarse to fine): every
+    stage picks its own word from its own distribution at each step, the last stage's
+    word is the one fed back, and all three tensors gain a leading stage axis (K, B*S, T).
+    A row ends with its last stage's caption, so an earlier stage's caption stops at its
+    own eos or there, whichever comes first.
     """
     memory, state = decoder.prepare(features)
     memory = {k: v.repeat_interleave(samples, dim=0) for k, v in memory.items()}
     state = {k: v.repeat_interleave(samples, dim=0) for k, v in state.items()}
     rows = features.shape[0] * samples
-    tokens = torch.full((rows,), 1, dtype=torch.long)  # bos
+    tokens = torch.full((rows,), BOS, dtype=torch.long)
     alive = torch.ones(rows, dtype=torch.bool)
     out_tokens, out_logprobs, out_mask = [], [], []
     for _ in range(max_length + 1):
-        logprobs, state, _ = decoder.step(tokens, state, memory)
-        if greedy:
-            tokens = logprobs.argmax(dim=-1)
+        if stages:
+            logprobs, state, _ = decoder.stage_step(tokens, state, memory)
+            logprobs = torch.stack(logprobs)  # (K, rows, V)
         else:
-            tokens = torch.multinomial(logprobs.detach().exp(), 1).squeeze(1)
+            logprobs, state, _ = decoder.step(tokens, state, memory)
+            logprobs = logprobs.unsqueeze(0)
+        if greedy:
+            words = logprobs.argmax(dim=-1)
+        else:
+            words = torch.multinomial(logprobs.detach().exp().flatten(0, 1), 1).view(logprobs.shape[:2])
+        alive = alive.expand(words.shape)
         out_mask.append(alive.clone())
-        out_tokens.append(torch.where(alive, tokens, torch.full_like(tokens, PAD)))
-        out_logprobs.append(logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1))
-        alive = alive & (tokens != EOS)
+        out_tokens.append(torch.where(alive, words, torch.full_like(words, PAD)))
+        out_logprobs.append(logprobs.gather(-1, words.unsqueeze(-1)).squeeze(-1))
+        tokens = words[-1]
+        alive = alive & (words != EOS) & (tokens != EOS)
         if not alive.any():
             break
-    return torch.stack(out_tokens, 1), torch.stack(out_logprobs, 1), torch.stack(out_mask, 1)
+    out = tuple(torch.stack(x, -1) for x in (out_tokens, out_logprobs, out_mask))
+    return out if stages else tuple(x[0] for x in out)
 
 
 def words_of(tokens: torch.Tensor, vocab: Vocab) -> list[list[str]]:

@@ -1,0 +1,86 @@
+import numpy as np
+import torch
+
+from edgecap.models import build_model
+from edgecap.training.c2f import c2f_loss, stage_advantages
+from edgecap.training.cider import CiderD
+from edgecap.training.scst import sample_captions
+from edgecap.vocab import EOS, PAD, Vocab
+
+WORDS = "a red blue circle square on the left right".split()
+REFERENCES = {"0": [["a", "red", "circle"], ["the", "red", "circle"]],
+              "1": [["a", "blue", "square"], ["the", "blue", "square"]]}
+
+
+def _model(fine_stages=2, seed=0):
+    torch.manual_seed(seed)
+    vocab = Vocab(("<pad>", "<bos>", "<eos>", "<unk>", *WORDS))
+    model = build_model("stackcap", {"vocab_size": len(vocab), "feature_dim": 8, "num_locations": 4,
+                                     "annotation_dim": 0, "embed_dim": 16, "hidden_dim": 32, "att_dim": 16,
+                                     "dropout": 0.0, "fine_stages": fine_stages})
+    features = torch.zeros(2, 4, 8)
+    features[0, :, 0], features[1, :, 1] = 1.0, 1.0
+    return model, vocab, features
+
+
+def test_every_stage_samples_its_own_caption_and_ends_with_the_last_stage():
+    model, _, features = _model()
+    tokens, logprobs, mask = sample_captions(model, features, samples=3, max_length=6, stages=True)
+    assert tokens.shape[:2] == (3, 6) and tokens.shape == logprobs.shape == mask.shape
+    assert (mask.sum(-1) <= mask[-1].sum(-1)).all()  # no stage outlives the caption that is fed back
+    for stage_tokens, stage_mask in zip(tokens, mask, strict=True):
+        for row, row_mask in zip(stage_tokens.tolist(), stage_mask.tolist(), strict=True):
+            count = sum(row_mask)
+            assert all(row_mask[:count]) and all(t == PAD for t in row[count:])
+            assert EOS not in row[: count - 1]
+
+
+def test_greedy_last_stage_is_the_greedy_inference_caption():
+    model, _, features = _model()
+    model.eval()
+    with torch.no_grad():
+        staged, _, _ = sample_captions(model, features, samples=1, max_length=6, greedy=True, stages=True)
+        plain, _, _ = sample_captions(model, features, samples=1, max_length=6, greedy=True)
+    assert torch.equal(staged[-1], plain)
+
+
+def test_advantages_reward_beating_the_greedy_decode_and_the_previous_stage():
+    cider = CiderD(REFERENCES)
+    captions = {"coarse": ["a", "circle"], "fine": ["a", "red", "circle"], "greedy": ["a", "blue", "square"]}
+    r = {k: float(cider.score(["0"], [v])[0]) for k, v in captions.items()}
+    assert r["fine"] > r["coarse"] > r["greedy"]
+    # One sample row; stage 2 improves on stage 1, stage 3 falls back to stage 1's caption and to its greedy one.
+    rewards = np.array([[r["coarse"]], [r["fine"]], [r["coarse"]]])
+    greedy = np.array([[r["greedy"]], [r["greedy"]], [r["coarse"]]])
+    advantage = stage_advantages(rewards, greedy)
+    np.testing.assert_allclose(advantage[:, 0], [r["coarse"] - r["greedy"],
+                                                 (r["fine"] - r["greedy"]) + (r["fine"] - r["coarse"]),
+                                                 r["coarse"] - r["fine"]])
+    assert advantage[0, 0] > 0 and advantage[1, 0] > advantage[0, 0] and advantage[2, 0] < 0
+
+
+def test_c2f_loss_is_finite_and_reaches_every_stage_output_layer():
+    model, vocab, features = _model(fine_stages=2)
+    model.train()
+    torch.manual_seed(1)
+    loss, reward = c2f_loss(model, features, ["0", "1"], cider=CiderD(REFERENCES), vocab=vocab, samples=4,
+                            max_length=4)
+    assert loss.dim() == 0 and torch.isfinite(loss) and np.isfinite(reward)
+    loss.backward()
+    for out in model.out:
+        assert out.weight.grad is not None and out.weight.grad.abs().sum() > 0
+
+
+def test_coarse_to_fine_training_raises_the_last_stage_reward():
+    model, vocab, features = _model()
+    cider = CiderD(REFERENCES)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-2)
+    torch.manual_seed(1)
+    rewards = []
+    for _ in range(40):
+        loss, reward = c2f_loss(model, features, ["0", "1"], cider=cider, vocab=vocab, samples=8, max_length=4)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        rewards.append(reward)
+    assert np.mean(rewards[-20:]) > np.mean(rewards[:10]) + 0.5
