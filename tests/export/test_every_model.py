@@ -1,0 +1,30 @@
+"""Every registered model goes the whole way on generated shapes: tiny training, export, fp32 ORT parity.
+
+The parametrisation is the registry itself, so a model added to ``edgecap.models.MODELS`` is covered here
+without anyone remembering to add it. SAT's own export is ``tiny_export`` (tests/conftest.py).
+"""
+
+import json
+
+import pytest
+
+from edgecap.models import MODELS
+from tests.test_cli import invoke
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_id", sorted(set(MODELS) - {"sat"}))
+def test_model_trains_exports_and_passes_fp32_parity(model_id, tmp_path):
+    run, exported = tmp_path / "run", tmp_path / "exp"
+    code, output = invoke("train", "--model", model_id, "--data", "shapes", "--preset", "tiny", "--out", str(run),
+                          "--max-steps", "200", "--set", "train.eval_images=20")
+    assert code == 0, output
+    code, output = invoke("export", str(run), "--out", str(exported), "--precision", "fp32,fp16")
+    assert code == 0, output
+    assert json.loads((exported / "edgecap.json").read_text())["model_id"] == model_id
+    code, output = invoke("parity", str(exported), "--data", "shapes", "--split", "test", "--max-images", "24",
+                          "--json", str(tmp_path / "parity.json"))
+    assert code == 0, output
+    report = json.loads((tmp_path / "parity.json").read_text())
+    assert report["identical_rate"] >= 0.99 and abs(report["delta_cider"]) <= 0.1
+
