@@ -31,6 +31,7 @@ from edgecap.calib.feeds import CALIB_DIR, load_encoder_feeds, load_step_feeds, 
 from edgecap.calib.quantize import SCHEMES, QdqGraph
 from edgecap.calib.ranges import METHODS, cache_path, compute_ranges
 from edgecap.calib.sensitivity import CaptionScorer, compare, keep_sensitive_layers
+from edgecap.runtime.backends.ort import cpu_session
 from edgecap.runtime.manifest import Manifest
 
 from edgecap.data.records import ImageRecord
@@ -43,19 +44,10 @@ TIMING_ROWS = {"encoder": 1, "step": 3}  # batch 1 image; N = 3 step rows: one i
 PROXY_FEEDS = 4  # calibration batches the layer-ranking proxy runs
 
 
-def _session(path: Path):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
 def compare_ms(fp32: Path, int8: Path, feed: dict[str, np.ndarray], *, rounds: int = 5,
                budget_s: float = 0.5) -> tuple[float, float]:
     """Median ms per run of two graphs on one feed, timed in alternating blocks so drift hits both alike."""
-    sessions = [_session(fp32), _session(int8)]
+    sessions = [cpu_session(fp32), cpu_session(int8)]
     start = time.perf_counter()
     for session in sessions:
         session.run(None, feed)  # warm-up, also sizes the blocks
@@ -125,9 +117,9 @@ def add_int8(directory: Path, manifest: Manifest, records: Sequence[ImageRecord]
                                   threshold=threshold, max_layers=max_layers, progress=progress)
 
     delta, stderr = compare(found.fp32_scores, found.int8_scores)
-    common = {"method": method, "calibration_images": len(calibration), "delta_cider": round(delta, 3)}
     quantization = {
-        "scheme": scheme, **common, "delta_cider_se": round(stderr, 3), "heldout_images": len(heldout),
+        "scheme": scheme, "method": method, "calibration_images": len(calibration), "delta_cider": round(delta, 3),
+        "delta_cider_se": round(stderr, 3), "heldout_images": len(heldout),
         "step_rows": sum(len(feed["tokens"]) for feed in feeds["step"]),
         "fp32_cider": round(float(found.fp32_scores.mean()), 3),
         "int8_cider": round(float(found.int8_scores.mean()), 3),
@@ -143,7 +135,6 @@ def add_int8(directory: Path, manifest: Manifest, records: Sequence[ImageRecord]
             "file": graph.target.name, "ort_cpu_fp32_ms": round(fp32_ms, 4), "ort_cpu_int8_ms": round(int8_ms, 4),
             "ort_cpu_speedup": round(fp32_ms / int8_ms, 3),
             "op_types": list(graph.op_types) if graph.op_types else "all", "kept_fp32": found.kept_fp32[name],
-            **common,
         }
     files = {name: graph.target.name for name, graph in graphs.items()}
     updated = replace(manifest, graphs={**manifest.graphs, "int8": files}, quantization=quantization)

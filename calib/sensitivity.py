@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 from edgecap.calib.quantize import QdqGraph
-from edgecap.runtime.backends.ort import OrtBackend
+from edgecap.runtime.backends.ort import OrtBackend, cpu_session
 from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.pipeline import Captioner
 from edgecap.runtime.search import SearchOptions
@@ -70,11 +70,7 @@ def compare(fp32: np.ndarray, int8: np.ndarray) -> tuple[float, float]:
 
 
 def _run(path: Path, feeds: Sequence[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = cpu_session(path)
     return [session.run(None, feed) for feed in feeds]
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from edgecap.errors import DataError, EdgecapError, ModelError
-from edgecap.preprocess import Preprocessing, load_images
+from edgecap.preprocess import SAMPLE_IMAGES, Preprocessing, load_images
 from edgecap.runtime.bench import (
     BenchRow,
     library_versions,
@@ -40,7 +40,6 @@ from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.search import SearchOptions, bad_ending_ids
 from edgecap.vocab import Vocab
 
-SAMPLES = Path(__file__).resolve().parent / "assets" / "samples"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 DEFAULT_RUNS = 50
 DEFAULT_WARMUP = 5
@@ -164,7 +163,7 @@ def run_bench(export_dir: Path, plan: BenchPlan) -> BenchReport:
 
 def sample_images(folder: Path | None) -> list[Path]:
     """The photos of ``folder`` (default: the shipped samples), sorted; a DataError when there are none."""
-    folder = Path(folder) if folder is not None else SAMPLES
+    folder = Path(folder) if folder is not None else SAMPLE_IMAGES
     if not folder.is_dir():
         raise DataError(f"{folder}: no such folder; pass --images DIR with a few photos")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)

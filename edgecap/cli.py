@@ -65,7 +65,6 @@ def parse_list(value: str, allowed: type[Enum], option: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-SAMPLES = Path(__file__).resolve().parent / "assets" / "samples"
 ModelDir = Annotated[Path | None, typer.Option("--model", help="Run directory or checkpoint (default: shipped model)")]
 Beam = Annotated[int, typer.Option(help="Beam size (1 = greedy)", min=1)]
 
@@ -183,7 +182,7 @@ def export_model(
     """Export the encoder and single-step decoder to ONNX, validated against PyTorch."""
     from edgecap.export.onnx import export_onnx
     from edgecap.export.precision import add_fp16
-    from edgecap.preprocess import load_images
+    from edgecap.preprocess import SAMPLE_IMAGES, load_images
     from edgecap.training.checkpoint import load_model
 
     precisions = parse_list(precision, Precision, "--precision")
@@ -196,7 +195,7 @@ def export_model(
 
         calibration = load_dataset(calib_data).split("train")
     loaded = load_model(run)
-    pixels = load_images(sorted(SAMPLES.glob("*.jpg")), loaded.prep)
+    pixels = load_images(sorted(SAMPLE_IMAGES.glob("*.jpg")), loaded.prep)
     manifest = export_onnx(loaded, out, real_pixels=pixels, k=2 * beam)
     if "fp16" in precisions:
         manifest = add_fp16(out, manifest)

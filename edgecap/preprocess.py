@@ -30,6 +30,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from edgecap.errors import ImageError
 
+SAMPLE_IMAGES = Path(__file__).resolve().parent / "assets" / "samples"  # bundled photos: demo, export check, bench
+
 # Larger images are refused. 150 MP covers 100-megapixel cameras; a non-JPEG this big already
 # needs ~0.5 GB per decoded copy (JPEGs are decoded at 1/2-1/8 scale and stay cheap).
 # Above 2 * PIL.Image.MAX_IMAGE_PIXELS (~179 MP) Pillow itself refuses before the size is known.

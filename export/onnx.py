@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from edgecap.export.graphs import EncoderGraph, StepGraph, tensor_names
+from edgecap.runtime.backends.ort import cpu_session
 from edgecap.runtime.manifest import FORMAT_VERSION, Manifest, TensorSpec
 
 from edgecap import spec
@@ -92,8 +93,6 @@ def _specs(names: list[str], tensors: tuple[torch.Tensor, ...], role_for=spec.ro
 def export_onnx(loaded: LoadedModel, out_dir: Path, *, real_pixels: np.ndarray, k: int = 6,
                 max_length: int = 20) -> Manifest:
     """Write fp32 ``encoder.onnx``, ``step.onnx`` and ``edgecap.json`` to ``out_dir``; validated or raises."""
-    import onnxruntime as ort
-
     out_dir.mkdir(parents=True, exist_ok=True)
     captioner = loaded.captioner.eval()
     memory_names, state_names = tensor_names(captioner, loaded.prep.image_size)
@@ -111,10 +110,7 @@ def export_onnx(loaded: LoadedModel, out_dir: Path, *, real_pixels: np.ndarray, 
             dynamic_shapes={"tokens": {0: rows}, "step": None, "reorder": {0: rows},
                             "tensors": tuple({0: rows} for _ in first[3:])})
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    sessions = {g: ort.InferenceSession(str(out_dir / f"{g}.onnx"), options, providers=["CPUExecutionProvider"])
-                for g in ("encoder", "step")}
+    sessions = {g: cpu_session(out_dir / f"{g}.onnx") for g in ("encoder", "step")}
     mismatches = []
     checks = [torch.from_numpy(real_pixels.astype(np.float32)), torch.randn(3, 3, size, size)]
     for batch in checks:

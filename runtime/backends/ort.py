@@ -25,6 +25,19 @@ def _import_ort():
     return onnxruntime
 
 
+def cpu_session(path: Path, *, threads: int = 1):
+    """An ONNX Runtime CPU session with ``threads`` intra-op threads and one inter-op thread.
+
+    For the tools that run single graphs directly (export validation, calibration): pinned threads keep their
+    timings and results independent of how busy a small machine is.
+    """
+    ort = _import_ort()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=[PROVIDERS["cpu"]])
+
+
 class OrtStepSession:
     """Memory and state for N rows; implements ``edgecap.runtime.search.StepSession``.
 

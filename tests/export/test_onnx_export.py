@@ -118,8 +118,8 @@ def test_a_missing_gpu_provider_is_a_one_line_error(tiny_export):
 
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("this onnxruntime has the CUDA provider")
-    from edgecap.cli import SAMPLES
+    from edgecap.preprocess import SAMPLE_IMAGES
 
-    code, output = invoke("caption", str(SAMPLES / "coffee.jpg"), "--model", str(tiny_export / "exp"),
+    code, output = invoke("caption", str(SAMPLE_IMAGES / "coffee.jpg"), "--model", str(tiny_export / "exp"),
                           "--backend", "ort", "--device", "cuda")
     assert code == 2 and "no cuda provider" in output and "\n" not in output.strip()
