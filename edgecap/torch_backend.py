@@ -26,20 +26,20 @@ class TorchSession:
 
     @torch.no_grad()
     def step(self, tokens: np.ndarray, reorder: np.ndarray, position: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        logprobs, attention = self._advance(tokens, reorder)
+        logprobs, attention = self._advance(tokens, reorder, position)
         top = logprobs.topk(min(self.k, logprobs.shape[-1]), dim=-1)
         return top.values.numpy(), top.indices.numpy(), attention.numpy()
 
     @torch.no_grad()
     def step_logprobs(self, tokens: np.ndarray, reorder: np.ndarray, position: int) -> np.ndarray:
         """Full log-probs float32 (N, V) of one step, for parity's teacher-forced check."""
-        return self._advance(tokens, reorder)[0].numpy()
+        return self._advance(tokens, reorder, position)[0].numpy()
 
-    def _advance(self, tokens: np.ndarray, reorder: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _advance(self, tokens: np.ndarray, reorder: np.ndarray, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = torch.from_numpy(np.ascontiguousarray(reorder, dtype=np.int64))
         state = {name: value.index_select(0, rows) for name, value in self.state.items()}
         logprobs, self.state, attention = self.decoder.step(torch.from_numpy(tokens.astype(np.int64)), state,
-                                                            self.memory)
+                                                            self.memory, torch.tensor(position))
         return logprobs, attention
 
     def tile(self, beam_size: int) -> None:

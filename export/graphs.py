@@ -56,9 +56,9 @@ class StepGraph(nn.Module):
         count = len(self.state_names)
         state = {n: t.index_select(0, reorder) for n, t in zip(self.state_names, tensors[:count], strict=True)}
         memory = dict(zip(self.memory_names, tensors[count:], strict=True))
-        logprobs, new_state, attention = self.decoder.step(tokens, state, memory)
+        logprobs, new_state, attention = self.decoder.step(tokens, state, memory, step)
         top = logprobs.topk(self.k, dim=-1)
-        # The LSTM family ignores the position; keep it a real input so every family has one step signature.
+        # The LSTM family ignores the position; keep it a real graph input so every family has one step signature.
         top_values = top.values + 0 * step.to(top.values.dtype)
         return (top_values, top.indices, logprobs, *(new_state[n] for n in self.state_names), attention)
 

@@ -80,8 +80,12 @@ class SAT(nn.Module):
         logits = self.out(y + self.out_h(self.dropout(h)) + self.out_z(z))
         return logits, h, c
 
-    def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor], memory: dict[str, torch.Tensor]):
-        """tokens (N,) -> (log-probs (N, V), new state, attention (N, L)); soft attention (expected context)."""
+    def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor], memory: dict[str, torch.Tensor],
+             position: torch.Tensor):
+        """tokens (N,) -> (log-probs (N, V), new state, attention (N, L)); soft attention (expected context).
+
+        ``position`` (int64 scalar) is unused: the LSTM state already carries it.
+        """
         h, c = state[spec.STATE_H], state[spec.STATE_C]
         features = memory[spec.MEMORY_FEATURES]
         alpha = self.attention(memory[spec.MEMORY_ATT_PROJ], h)

@@ -178,8 +178,12 @@ class SPCA(nn.Module):
         logits = self.out(y + self.out_h(self.dropout(h)) + self.out_z(z))
         return logits, {spec.STATE_H: h, spec.STATE_C: c}, attention
 
-    def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor], memory: dict[str, torch.Tensor]):
-        """tokens (N,) -> (log-probs (N, V), new state, attention (N, L): the spatial map M^S)."""
+    def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor], memory: dict[str, torch.Tensor],
+             position: torch.Tensor):
+        """tokens (N,) -> (log-probs (N, V), new state, attention (N, L): the spatial map M^S).
+
+        ``position`` (int64 scalar) is unused: the LSTM state already carries it.
+        """
         logits, state, attention = self._advance(self.embed(tokens), state, memory)
         return torch.log_softmax(logits, dim=-1), state, attention
 

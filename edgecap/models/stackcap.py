@@ -114,14 +114,17 @@ class StackCap(nn.Module):
         heads = range(len(new)) if every_stage else [len(new) - 1]
         return [self.out[k](self.dropout(new[k][0])) for k in heads], new, alpha
 
-    def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor],
-             memory: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-        """tokens (N,) -> (last stage's log-probs (N, V), new state, last stage's attention (N, L))."""
+    def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor], memory: dict[str, torch.Tensor],
+             position: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """tokens (N,) -> (last stage's log-probs (N, V), new state, last stage's attention (N, L)).
+
+        ``position`` (int64 scalar) is unused: the LSTM states already carry it.
+        """
         logits, hc, alpha = self._advance(self.embed(tokens), self._unpack(state), memory, every_stage=False)
         return torch.log_softmax(logits[-1], dim=-1), self._pack(hc), alpha
 
-    def stage_step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor],
-                   memory: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
+    def stage_step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor], memory: dict[str, torch.Tensor],
+                   position: torch.Tensor) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
         """``step`` with the log-probs (N, V) of every stage, coarse first: coarse-to-fine RL samples from each."""
         logits, hc, alpha = self._advance(self.embed(tokens), self._unpack(state), memory, every_stage=True)
         return [torch.log_softmax(x, dim=-1) for x in logits], self._pack(hc), alpha

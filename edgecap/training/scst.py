@@ -38,12 +38,13 @@ def sample_captions(decoder: nn.Module, features: torch.Tensor, *, samples: int,
     tokens = torch.full((rows,), BOS, dtype=torch.long)
     alive = torch.ones(rows, dtype=torch.bool)
     out_tokens, out_logprobs, out_mask = [], [], []
-    for _ in range(max_length + 1):
+    for t in range(max_length + 1):
+        position = torch.tensor(t)
         if stages:
-            logprobs, state, _ = decoder.stage_step(tokens, state, memory)
+            logprobs, state, _ = decoder.stage_step(tokens, state, memory, position)
             logprobs = torch.stack(logprobs)  # (K, rows, V)
         else:
-            logprobs, state, _ = decoder.step(tokens, state, memory)
+            logprobs, state, _ = decoder.step(tokens, state, memory, position)
             logprobs = logprobs.unsqueeze(0)
         if greedy:
             words = logprobs.argmax(dim=-1)

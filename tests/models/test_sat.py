@@ -15,7 +15,7 @@ def test_iterating_step_equals_teacher_forced_forward(gate):
     full = model(features, tokens)
     memory, state = model.prepare(features)
     for t in range(tokens.shape[1]):
-        logprobs, state, alpha = model.step(tokens[:, t], state, memory)
+        logprobs, state, alpha = model.step(tokens[:, t], state, memory, torch.tensor(t))
         torch.testing.assert_close(logprobs, full["logprobs"][:, t], atol=1e-5, rtol=0)
         torch.testing.assert_close(alpha, full["alpha"][:, t], atol=1e-5, rtol=0)
 

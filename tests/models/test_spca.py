@@ -18,7 +18,7 @@ def test_iterating_step_equals_teacher_forced_forward(variant, kernel_size):
     full = model(features, tokens)
     memory, state = model.prepare(features)
     for t in range(tokens.shape[1]):
-        logprobs, state, attention = model.step(tokens[:, t], state, memory)
+        logprobs, state, attention = model.step(tokens[:, t], state, memory, torch.tensor(t))
         torch.testing.assert_close(logprobs, full["logprobs"][:, t], atol=1e-5, rtol=0)
         torch.testing.assert_close(attention, full["attention"][:, t], atol=1e-5, rtol=0)
     assert "alpha" not in full  # a sigmoid map: the trainer must not apply the softmax coverage regulariser
@@ -60,7 +60,7 @@ def test_split_spatial_conv_equals_one_conv_on_the_concatenated_map():
 def test_attention_is_a_map_in_unit_interval(variant):
     model = build_model("spca", {**TINY, "variant": variant}).eval()
     memory, state = model.prepare(torch.randn(4, 9, 16))
-    _, _, attention = model.step(torch.randint(0, 40, (4,)), state, memory)
+    _, _, attention = model.step(torch.randint(0, 40, (4,)), state, memory, torch.tensor(0))
     assert attention.shape == (4, 9)
     assert ((attention >= 0) & (attention <= 1)).all()
     if variant == "C":

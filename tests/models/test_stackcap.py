@@ -20,8 +20,8 @@ def test_iterating_step_equals_teacher_forced_forward_for_every_stage(fine_stage
     memory, state = model.prepare(features)
     staged_state = state
     for t in range(tokens.shape[1]):
-        logprobs, state, alpha = model.step(tokens[:, t], state, memory)
-        every, staged_state, staged_alpha = model.stage_step(tokens[:, t], staged_state, memory)
+        logprobs, state, alpha = model.step(tokens[:, t], state, memory, torch.tensor(t))
+        every, staged_state, staged_alpha = model.stage_step(tokens[:, t], staged_state, memory, torch.tensor(t))
         torch.testing.assert_close(logprobs, full["logprobs"][:, t], atol=1e-5, rtol=0)
         torch.testing.assert_close(alpha, full["alpha"][:, t], atol=1e-5, rtol=0)
         torch.testing.assert_close(staged_alpha, alpha, atol=1e-6, rtol=0)
