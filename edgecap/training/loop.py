@@ -171,6 +171,8 @@ class Trainer:
             loss = xe
             for stage in out.get("stage_logprobs", ()):  # coarse-to-fine models: every earlier stage's XE too
                 loss = loss + (-stage.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask).sum() / mask.sum()
+            if "auxiliary_loss" in out:  # a model's own extra objective, already weighted (A²'s mask, GLIED's MIL)
+                loss = loss + out["auxiliary_loss"]
             if cfg.doubly_stochastic and "alpha" in out:
                 coverage = (out["alpha"] * mask.unsqueeze(-1)).sum(1)
                 loss = loss + cfg.doubly_stochastic * ((1 - coverage) ** 2).mean()
