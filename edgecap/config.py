@@ -64,15 +64,25 @@ class Preset:
 
 
 PRESETS = {
-    "base": Preset(EncoderConfig(), TrainConfig(batch_size=128, lr=5e-4, warmup_steps=300, epochs=12, scst_epochs=8),
-                   {"embed_dim": 256, "att_dim": 256}),
+    "base": Preset(EncoderConfig(), TrainConfig(batch_size=128, lr=5e-4, warmup_steps=300, epochs=12, scst_epochs=8)),
     "tiny": Preset(
         EncoderConfig(name="small_cnn", image_size=96, finetune=True, channels=64),
         TrainConfig(batch_size=32, lr=2e-3, warmup_steps=50, epochs=8, patience=8, min_word_count=1,
                     max_caption_length=16, eval_beam=1, eval_images=100, scst_lr=5e-5, scst_batch_images=16),
-        {"embed_dim": 64, "hidden_dim": 128, "att_dim": 64, "dropout": 0.1},
     ),
 }
+_LSTM_BASE = {"embed_dim": 256, "att_dim": 256}
+_LSTM_TINY = {"embed_dim": 64, "hidden_dim": 128, "att_dim": 64, "dropout": 0.1}
+# Per preset, per model id: model-config overrides (architectures differ, so their sizes do too).
+MODEL_PRESETS: dict[str, dict[str, dict]] = {
+    "base": {"sat": _LSTM_BASE, "spca": _LSTM_BASE, "stackcap": _LSTM_BASE},
+    "tiny": {"sat": _LSTM_TINY, "spca": _LSTM_TINY, "stackcap": _LSTM_TINY},
+}
+
+
+def preset_for(name: str, model_id: str) -> Preset:
+    """The named preset with the model overrides of ``model_id``; every registered model has an entry per preset."""
+    return dataclasses.replace(PRESETS[name], model=dict(MODEL_PRESETS[name][model_id]))
 
 
 def _coerce(value: str, current: object, key: str) -> object:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from edgecap.config import PRESETS, EncoderConfig, Preset, TrainConfig, apply_overrides
+from edgecap.config import EncoderConfig, Preset, TrainConfig, apply_overrides, preset_for
 from edgecap.data import CaptionDataset, load_dataset
 from edgecap.errors import ModelError
 from edgecap.models import MODELS, build_model
@@ -51,7 +51,7 @@ def resolve_run(model_id: str, data: str, preset: str, overrides: list[str]) -> 
     if model_id not in MODELS:
         raise ModelError(f"unknown model '{model_id}'; choose one of {', '.join(MODELS)}")
     defaults = {f.name: f.default for f in fields(MODELS[model_id][0]) if f.name != "vocab_size"}
-    chosen: Preset = apply_overrides(PRESETS[preset], overrides, defaults)
+    chosen: Preset = apply_overrides(preset_for(preset, model_id), overrides, defaults)
     return RunSpec(model_id, data, chosen.encoder, chosen.train, chosen.model)
 
 
