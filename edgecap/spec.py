@@ -27,6 +27,11 @@ MEMORY_ATT_PROJ = "memory.att_proj"  # float32 [N, L, A]: W_a a_i, so no step re
 STATE_H = "state.h"  # float32 [N, H]
 STATE_C = "state.c"  # float32 [N, H]
 
+# Transformer family: a static KV cache written at ``step`` (batch first, like every state, so one gather by
+# ``reorder`` and one dynamic axis serve all families), and the image's cross-attention keys/values.
+STATE_KV = "state.kv"  # float32 [N, layers, 2, heads, Tmax, d_head]: self-attention keys (0) and values (1)
+MEMORY_CROSS_KV = "memory.cross_kv"  # float32 [N, layers, 2, heads, L, d_head]: computed once per image
+
 # Roles tagged on every tensor of the manifest.
 ROLE_MEMORY, ROLE_STATE, ROLE_OUTPUT = "memory", "state", "output"
 BATCH_AXIS = "N"  # the one dynamic dimension: images x beams
