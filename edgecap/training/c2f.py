@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from edgecap.training.cider import CiderD
+from edgecap.training.distributed import global_sum
 from edgecap.training.scst import sample_captions, words_of
 from edgecap.vocab import Vocab
 
@@ -46,7 +47,7 @@ def c2f_loss(decoder: nn.Module, features: torch.Tensor, image_ids: Sequence[str
     decoder.train(was_training)
     greedy_rewards = np.stack([cider.score(list(image_ids), words_of(stage, vocab)) for stage in greedy])
     advantage = stage_advantages(rewards, greedy_rewards.repeat(samples, axis=1))
-    advantage = torch.from_numpy(advantage.astype(np.float32))
+    advantage = torch.from_numpy(advantage.astype(np.float32)).to(logprobs.device)
     mask = mask.float()
-    per_stage = -(advantage[..., None] * logprobs * mask).sum((1, 2)) / mask.sum((1, 2))
+    per_stage = -(advantage[..., None] * logprobs * mask).sum((1, 2)) / global_sum(mask.sum((1, 2)))  # every rank's
     return per_stage.sum(), float(rewards[-1].mean())

@@ -60,8 +60,10 @@ class ImageFeatures:
         return len(self.records)
 
     def get(self, indices: np.ndarray) -> torch.Tensor:
-        """(len(indices), L, C) float32; differentiable through the encoder when it is fine-tuned."""
+        """(len(indices), L, C) float32 on the captioner's device; differentiable through a fine-tuned encoder."""
+        device = next(self.captioner.parameters()).device
         if self.cached is not None:
-            return torch.from_numpy(self.cached[np.sort(indices)][np.argsort(np.argsort(indices))].astype(np.float32))
+            rows = self.cached[np.sort(indices)][np.argsort(np.argsort(indices))]
+            return torch.from_numpy(rows.astype(np.float32)).to(device)
         pixels = torch.from_numpy(load_images([self.records[i].path for i in indices], self.prep))
-        return self.captioner.encode(pixels)
+        return self.captioner.encode(pixels.to(device))

@@ -8,6 +8,7 @@ so a kill loses at most the epoch in progress.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -28,6 +29,7 @@ from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing
 from edgecap.runtime.search import SearchOptions
 from edgecap.torch_backend import captions_of, search_features
+from edgecap.training import distributed
 from edgecap.training.c2f import c2f_loss
 from edgecap.training.checkpoint import checkpoint_payload, read_checkpoint, save_atomic
 from edgecap.training.cider import CiderD
@@ -63,10 +65,12 @@ def _lr_factor(step: int, *, warmup: int, total: int) -> float:
 
 
 class Trainer:
-    """Owns the model, optimiser and data of one run directory."""
+    """Owns the model, optimiser and data of one run directory (on one rank of ``ctx`` when distributed)."""
 
-    def __init__(self, run_dir: Path, spec: RunSpec, dataset: CaptionDataset, *, cache_dir: Path | None = None):
+    def __init__(self, run_dir: Path, spec: RunSpec, dataset: CaptionDataset, *, cache_dir: Path | None = None,
+                 ctx: distributed.Context | None = None):
         self.run_dir, self.spec, self.cfg = run_dir, spec, spec.train
+        self.dist = ctx or distributed.Context()
         torch.manual_seed(self.cfg.seed)
         self.train_records, self.dev_records = dataset.split("train"), dataset.split("dev")
         if self.cfg.eval_images:
@@ -84,7 +88,8 @@ class Trainer:
             probe = grid_features(encoder.eval(), torch.zeros(1, 3, self.prep.image_size, self.prep.image_size))
         model_config = {"vocab_size": len(self.vocab), "feature_dim": probe.shape[2], "num_locations": probe.shape[1],
                         **spec.model}
-        self.captioner = Captioner(encoder, build_model(spec.model_id, model_config))
+        self.captioner = distributed.prepare_module(Captioner(encoder, build_model(spec.model_id, model_config)),
+                                                    self.dist)
         if not spec.encoder.finetune:
             self.captioner.encoder.requires_grad_(False)
         self.pairs = caption_pairs(self.train_records, self.vocab, max_length=self.cfg.max_caption_length)
@@ -107,6 +112,8 @@ class Trainer:
                                   encoder_config=self.spec.encoder, metrics=metrics)
 
     def save_last(self, metrics: dict) -> None:
+        if not self.dist.is_main:
+            return
         payload = self._payload(metrics)
         payload["train_state"] = {**self.state, "optimizer": self.optimizer.state_dict()}
         save_atomic(payload, self.run_dir / "last.pt")
@@ -138,8 +145,11 @@ class Trainer:
         """Dev CIDEr-D (0-100 scale) of beam search through the runtime's search, the number selection uses."""
         self.captioner.eval()
         options = SearchOptions(beam_size=self.cfg.eval_beam, max_length=self.cfg.max_caption_length)
-        features = self.dev_features.get(np.arange(len(self.dev_records)))
-        captions = captions_of(search_features(self.captioner.decoder, features, self.vocab, options), self.vocab)
+        features = self.dev_features.get(np.arange(len(self.dev_records))).cpu()
+        decoder = self.captioner.decoder
+        if self.dist.device.type != "cpu":  # the runtime's search feeds the decoder CPU tensors
+            decoder = copy.deepcopy(decoder).cpu()
+        captions = captions_of(search_features(decoder, features, self.vocab, options), self.vocab)
         ids = [r.image_id for r in self.dev_records]
         return 100.0 * float(self.dev_cider.score(ids, [c.split() for c in captions]).mean())
 
@@ -154,44 +164,52 @@ class Trainer:
         if not self.spec.encoder.finetune:
             self.captioner.encoder.eval()
         losses = []
-        bar = tqdm(batches, desc=f"xe epoch {epoch + 1}/{cfg.epochs}", unit="batch", leave=False)
+        bar = tqdm(batches, desc=f"xe epoch {epoch + 1}/{cfg.epochs}", unit="batch", leave=False,
+                   disable=not self.dist.is_main)
         for start in bar:
             if cfg.max_steps and self.state["step"] >= cfg.max_steps:
                 break
-            rows = order[start:start + cfg.batch_size]
+            batch = order[start:start + cfg.batch_size]
+            if len(batch) < self.dist.world_size:  # a last global batch too small to give every rank a row
+                break
+            rows = distributed.shard(batch, self.dist)
             tokens = torch.from_numpy(self.pairs.tokens[rows])
             length = int((tokens != PAD).sum(1).max())
-            tokens = tokens[:, :length]
+            tokens = tokens[:, :length].to(self.dist.device)
             features = self.train_features.get(self.pairs.image_index[rows])
             out = self.captioner.decoder(features, tokens[:, :-1], **({"hard": True} if hard else {}))
             target = tokens[:, 1:]
             mask = (target != PAD).float()
+            # Means over the global batch: this rank's sum over the global count; gradients are summed over ranks.
+            n_tokens, n_rows = distributed.global_sum(mask.sum()), len(batch)
             nll = -out["logprobs"].gather(-1, target.unsqueeze(-1)).squeeze(-1)
-            xe = (nll * mask).sum() / mask.sum()
+            xe = (nll * mask).sum() / n_tokens
             loss = xe
             for stage in out.get("stage_logprobs", ()):  # coarse-to-fine models: every earlier stage's XE too
-                loss = loss + (-stage.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask).sum() / mask.sum()
+                loss = loss + (-stage.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask).sum() / n_tokens
             if "auxiliary_loss" in out:  # a model's own extra objective, already weighted (A²'s mask, GLIED's MIL)
-                loss = loss + out["auxiliary_loss"]
+                loss = loss + out["auxiliary_loss"] * (len(rows) / n_rows)  # a mean over this rank's rows
             if cfg.doubly_stochastic and "alpha" in out:
                 coverage = (out["alpha"] * mask.unsqueeze(-1)).sum(1)
-                loss = loss + cfg.doubly_stochastic * ((1 - coverage) ** 2).mean()
+                loss = loss + cfg.doubly_stochastic * ((1 - coverage) ** 2).sum() / (n_rows * coverage.shape[1])
             if hard:
                 seq_logprob = -(nll * mask).sum(1).detach()
                 baseline = self.state["hard_baseline"]
                 self.state["hard_baseline"] = cfg.hard_baseline_decay * baseline + (
-                    1 - cfg.hard_baseline_decay) * float(seq_logprob.mean())
+                    1 - cfg.hard_baseline_decay) * float(distributed.global_sum(seq_logprob.sum()) / n_rows)
                 location_logprob = (out["location_logprob"] * mask).sum(1)
                 entropy = (out["entropy"] * mask).sum(1)
-                loss = loss - ((seq_logprob - baseline) * location_logprob).mean() - cfg.hard_entropy * entropy.mean()
+                loss = (loss - ((seq_logprob - baseline) * location_logprob).sum() / n_rows
+                        - cfg.hard_entropy * entropy.sum() / n_rows)
             for group in self.optimizer.param_groups:
                 group["lr"] = cfg.lr * _lr_factor(self.state["step"], warmup=cfg.warmup_steps, total=total_steps)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            distributed.sum_gradients(self.captioner, self.dist)
             torch.nn.utils.clip_grad_norm_(self.captioner.parameters(), cfg.grad_clip)
             self.optimizer.step()
             self.state["step"] += 1
-            losses.append(xe.item())
+            losses.append(distributed.global_sum(xe.detach()).item())
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.1e}")
         bar.close()
         return float(np.mean(losses)) if losses else float("nan")
@@ -206,9 +224,12 @@ class Trainer:
             self.captioner.encoder.eval()
         rewards = []
         bar = tqdm(range(0, len(order), cfg.scst_batch_images), desc=f"scst epoch {epoch + 1}/{cfg.scst_epochs}",
-                   unit="batch", leave=False)
+                   unit="batch", leave=False, disable=not self.dist.is_main)
         for start in bar:
-            rows = order[start:start + cfg.scst_batch_images]
+            batch = order[start:start + cfg.scst_batch_images]
+            if len(batch) < self.dist.world_size:  # a last global batch too small to give every rank an image
+                break
+            rows = distributed.shard(batch, self.dist)  # each rank samples captions for its own images
             features = self.train_features.get(rows)
             decoder, ids = self.captioner.decoder, [self.train_records[i].image_id for i in rows]
             if hasattr(decoder, "stage_step"):  # coarse-to-fine models: C2F RL, whose baselines are fixed by the paper
@@ -220,31 +241,37 @@ class Trainer:
                                          baseline=cfg.scst_baseline)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            distributed.sum_gradients(self.captioner, self.dist)
             torch.nn.utils.clip_grad_norm_(self.captioner.parameters(), cfg.grad_clip)
             self.optimizer.step()
             self.state["step"] += 1
-            rewards.append(reward)
+            rewards.append(distributed.global_mean(reward, len(rows), self.dist))
             bar.set_postfix(reward=f"{100 * np.mean(rewards[-20:]):.1f}")
         bar.close()
         return 100.0 * float(np.mean(rewards))
 
     # -- the run ---------------------------------------------------------------------------------------------
     def _end_epoch(self, phase: str, epoch: int, train_value: float, started: float) -> None:
-        dev_cider = self.evaluate()
+        # Rank 0 alone evaluates and writes; every rank takes its score, so all make the same selection and
+        # early-stopping decisions and leave the loop together.
+        dev_cider = distributed.broadcast(self.evaluate() if self.dist.is_main else None, self.dist)
         improved = dev_cider > self.state["best_cider"]
         metrics = {"phase": phase, "epoch": epoch + 1, "step": self.state["step"], "dev_cider": round(dev_cider, 3),
                    ("train_loss" if phase == "xe" else "train_reward"): round(train_value, 4),
                    "seconds": round(time.time() - started, 1)}
         if improved:
             self.state["best_cider"], self.state["bad_epochs"] = dev_cider, 0
-            save_atomic(self._payload(metrics), self.run_dir / "best.pt")
+            if self.dist.is_main:
+                save_atomic(self._payload(metrics), self.run_dir / "best.pt")
         else:
             self.state["bad_epochs"] += 1
         self.state["epoch"] = epoch + 1
-        self._log(metrics)
-        self.save_last(metrics)
-        tqdm.write(f"{phase} epoch {epoch + 1}: {'loss' if phase == 'xe' else 'reward'} {train_value:.3f}  "
-                   f"dev CIDEr-D {dev_cider:.2f}{'  (best)' if improved else ''}")
+        if self.dist.is_main:
+            self._log(metrics)
+            self.save_last(metrics)
+            tqdm.write(f"{phase} epoch {epoch + 1}: {'loss' if phase == 'xe' else 'reward'} {train_value:.3f}  "
+                       f"dev CIDEr-D {dev_cider:.2f}{'  (best)' if improved else ''}")
+        distributed.barrier(self.dist)  # best.pt is whole before any rank reads it to start self-critical training
 
     def _start_scst(self) -> None:
         best = read_checkpoint(self.run_dir / "best.pt")
@@ -276,22 +303,39 @@ class Trainer:
         return {"best_dev_cider": self.state["best_cider"], "steps": self.state["step"]}
 
 
-def train(*, run_dir: Path, spec: RunSpec, resume: bool, cache_dir: Path | None = None) -> dict:
-    """Train (or resume) a run directory; returns the best dev CIDEr-D and the step count."""
-    config_file = run_dir / "config.json"
+def train(*, run_dir: Path, spec: RunSpec, resume: bool, cache_dir: Path | None = None, nproc: int = 1) -> dict:
+    """Train (or resume) a run directory; returns the best dev CIDEr-D and the step count.
+
+    ``nproc`` > 1 spawns that many data-parallel ranks on this machine, which split every global batch of
+    ``train.batch_size``. Under torchrun every rank calls this with ``nproc=1``. Rank 0 prepares the run
+    directory, the dataset and the feature cache first; the others then read them.
+    """
+    if nproc != 1:
+        distributed.check_world_size(nproc, run_spec(run_dir=run_dir, spec=spec, resume=resume).train)
+        return distributed.launch(nproc, train, run_dir=run_dir, spec=spec, resume=resume, cache_dir=cache_dir)
+    with distributed.process_group() as ctx:
+        with distributed.main_first(ctx):
+            spec = run_spec(run_dir=run_dir, spec=spec, resume=resume)
+            distributed.check_world_size(ctx.world_size, spec.train)
+            if ctx.is_main:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                (run_dir / "config.json").write_text(json.dumps(asdict(spec), indent=2))
+                with open(run_dir / "command.txt", "a") as f:
+                    f.write(" ".join(sys.argv) + "\n")
+            trainer = Trainer(run_dir, spec, load_dataset(spec.data), cache_dir=cache_dir, ctx=ctx)
+        if resume:
+            trainer.resume()
+        return trainer.run()
+
+
+def run_spec(*, run_dir: Path, spec: RunSpec, resume: bool) -> RunSpec:
+    """The spec a run uses: config.json's when resuming (never CLI flags); refuses a bad --resume or --out."""
     if resume:
         if not (run_dir / "last.pt").exists():
             raise ModelError(f"{run_dir}: nothing to resume (no last.pt); drop --resume to start a new run")
-        saved = json.loads(config_file.read_text())
-        spec = RunSpec(saved["model_id"], saved["data"], EncoderConfig(**saved["encoder"]),
+        saved = json.loads((run_dir / "config.json").read_text())
+        return RunSpec(saved["model_id"], saved["data"], EncoderConfig(**saved["encoder"]),
                        TrainConfig(**saved["train"]), saved["model"])
-    elif (run_dir / "last.pt").exists():
+    if (run_dir / "last.pt").exists():
         raise ModelError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config_file.write_text(json.dumps(asdict(spec), indent=2))
-    with open(run_dir / "command.txt", "a") as f:
-        f.write(" ".join(sys.argv) + "\n")
-    trainer = Trainer(run_dir, spec, load_dataset(spec.data), cache_dir=cache_dir)
-    if resume:
-        trainer.resume()
-    return trainer.run()
+    return spec

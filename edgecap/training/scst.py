@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from edgecap.training.cider import CiderD
+from edgecap.training.distributed import global_sum
 from edgecap.vocab import BOS, EOS, PAD, Vocab
 
 
@@ -35,8 +36,8 @@ def sample_captions(decoder: nn.Module, features: torch.Tensor, *, samples: int,
     memory = {k: v.repeat_interleave(samples, dim=0) for k, v in memory.items()}
     state = {k: v.repeat_interleave(samples, dim=0) for k, v in state.items()}
     rows = features.shape[0] * samples
-    tokens = torch.full((rows,), BOS, dtype=torch.long)
-    alive = torch.ones(rows, dtype=torch.bool)
+    tokens = torch.full((rows,), BOS, dtype=torch.long, device=features.device)
+    alive = torch.ones(rows, dtype=torch.bool, device=features.device)
     out_tokens, out_logprobs, out_mask = [], [], []
     for t in range(max_length + 1):
         position = torch.tensor(t)
@@ -69,7 +70,8 @@ def words_of(tokens: torch.Tensor, vocab: Vocab) -> list[list[str]]:
 
 def scst_loss(decoder: nn.Module, features: torch.Tensor, image_ids: Sequence[str], *, cider: CiderD, vocab: Vocab,
               samples: int, max_length: int, baseline: str) -> tuple[torch.Tensor, float]:
-    """The policy-gradient loss -(r - b) log p(w) averaged over tokens, and the mean sample reward."""
+    """The policy-gradient loss -(r - b) log p(w) averaged over tokens (every rank's, when distributed, so summed
+    gradients are the global batch's), and this rank's mean sample reward."""
     tokens, logprobs, mask = sample_captions(decoder, features, samples=samples, max_length=max_length)
     ids = [i for i in image_ids for _ in range(samples)]
     rewards = cider.score(ids, words_of(tokens, vocab)).reshape(len(image_ids), samples)
@@ -82,7 +84,7 @@ def scst_loss(decoder: nn.Module, features: torch.Tensor, image_ids: Sequence[st
         base = cider.score(list(image_ids), words_of(greedy, vocab))[:, None]
     else:
         base = (rewards.sum(axis=1, keepdims=True) - rewards) / (samples - 1)
-    advantage = torch.from_numpy((rewards - base).reshape(-1).astype(np.float32))
+    advantage = torch.from_numpy((rewards - base).reshape(-1).astype(np.float32)).to(logprobs.device)
     mask = mask.float()
-    loss = -(advantage[:, None] * logprobs * mask).sum() / mask.sum()
+    loss = -(advantage[:, None] * logprobs * mask).sum() / global_sum(mask.sum())  # over every rank's tokens
     return loss, float(rewards.mean())
