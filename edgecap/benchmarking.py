@@ -49,7 +49,7 @@ TORCH_PRECISIONS = ("fp32",)  # the eager reference runs in the precision it was
 
 @dataclass(frozen=True)
 class BenchPlan:
-    backends: tuple[str, ...] = ("torch", "ort")  # "torch" (eager reference) and/or "ort"
+    backends: tuple[str, ...] = ("torch", "ort")  # "torch" (eager reference), "ort", "trt" (TensorRT engines)
     precisions: tuple[str, ...] = ("fp32",)  # graph precisions; ones the export lacks are skipped with a note
     batches: tuple[int, ...] = (1,)  # images per caption call
     beams: tuple[int, ...] = (3,)  # beam sizes; ones above the export's top-k / 2 are skipped with a note
@@ -113,6 +113,10 @@ class _Job:
 def run_bench(export_dir: Path, plan: BenchPlan) -> BenchReport:
     """Time every row of ``plan`` on ``export_dir``; one spawned process per (backend, precision)."""
     export_dir = Path(export_dir)
+    if "trt" in plan.backends:
+        from edgecap.runtime.backends.trt_cuda import require_tensorrt
+
+        require_tensorrt()  # first, in one line, rather than from inside a worker
     if not export_dir.is_dir():
         raise ModelError(f"{export_dir}: no such directory; pass an export directory made by `edgecap export`")
     manifest = Manifest.read(export_dir)
@@ -122,8 +126,8 @@ def run_bench(export_dir: Path, plan: BenchPlan) -> BenchReport:
         for precision in plan.precisions:
             if backend == "torch" and precision not in TORCH_PRECISIONS:
                 notes.append(f"torch {precision}: skipped (the PyTorch eager reference runs fp32 only)")
-            elif backend == "ort" and precision not in manifest.graphs:
-                notes.append(f"ort {precision}: skipped (not exported here: {', '.join(manifest.graphs)}; "
+            elif backend in ("ort", "trt") and precision not in manifest.graphs:
+                notes.append(f"{backend} {precision}: skipped (not exported here: {', '.join(manifest.graphs)}; "
                              f"`edgecap export --precision {precision}` adds it)")
             else:
                 pairs.append((backend, precision))
@@ -222,6 +226,11 @@ def _load(job: _Job, k: int):
             captioner = load_reference(manifest).captioner
             weight_bytes = _torch_step_weight_bytes(job.export_dir, manifest, captioner.decoder)
             _LOADED[key] = (captioner, weight_bytes, banned)
+        elif job.backend == "trt":
+            from edgecap.runtime.backends.trt import TrtBackend
+
+            # The weight-bytes floor is measured against host memory bandwidth: it says nothing about a GPU.
+            _LOADED[key] = (TrtBackend(job.export_dir, manifest, precision=job.precision), None, banned)
         else:
             from edgecap.runtime.backends.ort import OrtBackend
 

@@ -23,3 +23,7 @@ class ImageError(EdgecapError):
 
 class ModelError(EdgecapError):
     """A checkpoint, run directory or export directory that cannot be used."""
+
+
+class BackendUnavailableError(EdgecapError):
+    """A backend whose libraries or device this machine lacks (TensorRT, cuda-python, an NVIDIA GPU)."""

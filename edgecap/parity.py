@@ -26,8 +26,8 @@ from tqdm import tqdm
 from edgecap.data.records import ImageRecord
 from edgecap.evaluation import Evaluator, Scores, paired_bootstrap_ci
 from edgecap.preprocess import load_images
-from edgecap.runtime.backends.ort import OrtBackend
 from edgecap.runtime.manifest import Manifest
+from edgecap.runtime.pipeline import open_backend
 from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
 from edgecap.torch_backend import TorchBackend
 from edgecap.training.checkpoint import load_reference
@@ -145,7 +145,7 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
     loaded = load_reference(manifest, reference_path)
     k = manifest.topk
     reference_backend = TorchBackend(loaded.captioner, k)
-    candidate_backend = OrtBackend(export_dir, manifest, precision=precision)
+    candidate_backend = open_backend(export_dir, manifest, backend=backend, precision=precision)
     banned = bad_ending_ids(loaded.vocab.words, options.bad_endings)
     stats = _StepStats(k)
     hyps: dict[str, list[Hypothesis]] = {"reference": [], "candidate": []}

@@ -232,7 +232,7 @@ def gpu_names() -> list[str]:
 def library_versions() -> dict[str, str]:
     """numpy, onnxruntime and (only when this process already imported it) torch: never imports torch."""
     versions = {"python": platform.python_version(), "numpy": np.__version__}
-    for dist in ("edgecap", "onnxruntime", "onnxruntime-gpu", "onnx"):
+    for dist in ("edgecap", "onnxruntime", "onnxruntime-gpu", "onnx", "tensorrt", "cuda-python"):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

@@ -45,6 +45,7 @@ class Manifest:
     source_checkpoint: str | None = None  # absolute path of the checkpoint exported; None: the shipped default
     quantization: dict = field(default_factory=dict)  # int8: per-graph choice, calibration method, kept-fp32 layers
     reference_scores: dict = field(default_factory=dict)  # PyTorch scores at export time, when measured
+    engines: dict = field(default_factory=dict)  # TensorRT plans: cache key -> EngineRecord JSON (runtime/engines.py)
 
     def write(self, directory: Path) -> Path:
         path = directory / MANIFEST_NAME

@@ -16,6 +16,19 @@ from edgecap.preprocess import Preprocessing, load_images
 from edgecap.vocab import Vocab
 
 
+def open_backend(directory: Path, manifest: Manifest, *, backend: str = "ort", precision: str = "fp32",
+                 device: str = "cpu") -> Backend:
+    """The runtime backend named ``backend`` on an export directory: ``ort`` (ONNX Runtime on ``device``) or
+    ``trt`` (the TensorRT engines built there by ``edgecap export --trt``)."""
+    if backend == "ort":
+        return OrtBackend(directory, manifest, precision=precision, device=device)
+    if backend == "trt":
+        from edgecap.runtime.backends.trt import TrtBackend
+
+        return TrtBackend(directory, manifest, precision=precision)
+    raise ValueError(f"backend '{backend}' is not available in the runtime; use 'ort' or 'trt'")
+
+
 @dataclass(frozen=True)
 class Caption:
     """One image's caption, from any backend."""
@@ -52,15 +65,17 @@ class Captioner:
                  device: str = "cpu") -> Captioner:
         directory = Path(directory)
         manifest = Manifest.read(directory)
-        if backend != "ort":
-            raise ValueError(f"backend '{backend}' is not available in the runtime; use 'ort'")
-        return cls(OrtBackend(directory, manifest, precision=precision, device=device), manifest)
+        return cls(open_backend(directory, manifest, backend=backend, precision=precision, device=device), manifest)
 
     def search(self, pixels: np.ndarray, options: SearchOptions) -> list[Hypothesis]:
         """Best hypothesis per image of preprocessed pixels (N, 3, H, W)."""
         if options.k > self.manifest.topk:
             raise ValueError(f"beam {options.beam_size} needs {options.k} candidates per step but the step graph "
                              f"returns {self.manifest.topk}; re-export with --beam {options.beam_size}")
+        cache = self.manifest.model_config.get("max_positions")  # a static KV cache: steps 0..max_positions-1
+        if cache is not None and options.max_length >= cache:
+            raise ValueError(f"max_length {options.max_length} needs decoding steps 0..{options.max_length} but the "
+                             f"step graph's KV cache holds {cache} (model max_positions); use max_length < {cache}")
         session = self.backend.encode(pixels)
         banned = bad_ending_ids(self.vocab.words, options.bad_endings)
         return [hyps[0] for hyps in beam_search(session, len(pixels), options, bad_ending_ids=banned)]

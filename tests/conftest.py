@@ -35,6 +35,21 @@ def tiny_export(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def int8_export(tiny_export, tmp_path_factory) -> Path:
+    """``tiny_export``'s run exported by the CLI with INT8 graphs in the TensorRT scheme (the default), every layer
+    INT8 (``exp/``; fp32 + int8)."""
+    from tests.test_cli import invoke
+
+    directory = tmp_path_factory.mktemp("int8") / "exp"
+    code, output = invoke("export", str(tiny_export / "run"), "--out", str(directory), "--precision", "fp32,int8",
+                          "--calib-data", "shapes", "--calib-images", "48", "--calib-heldout", "24",
+                          "--calib-max-delta", "100")
+    assert code == 0, output
+    assert "int8 (tensorrt, max): ΔCIDEr" in output
+    return directory
+
+
 def pytest_configure(config):
     """One intra-op thread: tiny models gain nothing from two, and two threads collapse under contention."""
     import torch
