@@ -32,6 +32,11 @@ STATE_C = "state.c"  # float32 [N, H]
 STATE_KV = "state.kv"  # float32 [N, layers, 2, heads, Tmax, d_head]: self-attention keys (0) and values (1)
 MEMORY_CROSS_KV = "memory.cross_kv"  # float32 [N, layers, 2, heads, L, d_head]: computed once per image
 
+# GLIED: attribute words predicted once per image by the encoder graph, and what the decoder reads of them.
+MEMORY_ATTRIBUTE_IDS = "memory.attribute_ids"  # int64 [N, K]: vocabulary ids of the top-K attribute words
+MEMORY_ATTRIBUTE_KV = "memory.attribute_kv"  # float32 [N, layers, 2, heads, K, d_head]: their keys/values
+MEMORY_ASPECT = "memory.aspect"  # float32 [N, layers, D]: the global aspect vector, projected per decoder layer
+
 # Roles tagged on every tensor of the manifest.
 ROLE_MEMORY, ROLE_STATE, ROLE_OUTPUT = "memory", "state", "output"
 BATCH_AXIS = "N"  # the one dynamic dimension: images x beams

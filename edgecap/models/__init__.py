@@ -7,12 +7,15 @@ from dataclasses import fields
 from torch import nn
 
 from edgecap.errors import ModelError
+from edgecap.models.a2 import A2, A2Config
+from edgecap.models.glied import GLIED, GLIEDConfig
 from edgecap.models.sat import SAT, SATConfig
 from edgecap.models.spca import SPCA, SPCAConfig
 from edgecap.models.stackcap import StackCap, StackCapConfig
 
 MODELS: dict[str, tuple[type, type[nn.Module]]] = {"sat": (SATConfig, SAT), "spca": (SPCAConfig, SPCA),
-                                                    "stackcap": (StackCapConfig, StackCap)}
+                                                    "stackcap": (StackCapConfig, StackCap), "a2": (A2Config, A2),
+                                                    "glied": (GLIEDConfig, GLIED)}
 
 
 def build_model(model_id: str, config: dict) -> nn.Module:
