@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -20,6 +21,8 @@ class ModelId(str, Enum):
     sat = "sat"
     spca = "spca"
     stackcap = "stackcap"
+    a2 = "a2"
+    glied = "glied"
 
 
 class PresetName(str, Enum):
@@ -30,6 +33,7 @@ class PresetName(str, Enum):
 class Backend(str, Enum):
     torch = "torch"
     ort = "ort"
+    trt = "trt"
 
 
 class Device(str, Enum):
@@ -83,6 +87,9 @@ def train(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override SECTION.FIELD=VALUE (train/model/encoder)")]
     = None,
     cache_dir: Annotated[Path | None, typer.Option(help="Feature cache folder (default $EDGECAP_CACHE)")] = None,
+    nproc: Annotated[int, typer.Option(help="Data-parallel processes on this machine, one GPU each (CPU: gloo); "
+                                            "they split each global batch of train.batch_size, and --max-steps "
+                                            "counts global steps")] = 1,
 ) -> None:
     """Train a captioner: cross-entropy, then self-critical CIDEr-D training."""
     from edgecap.training.loop import resolve_run
@@ -93,9 +100,10 @@ def train(
     overrides += ["encoder.finetune=true"] if finetune_encoder else []
     overrides += [f"train.scst_epochs={scst_epochs}"] if scst_epochs is not None else []
     spec = resolve_run(model.value, data, preset.value, overrides)
-    result = run_training(run_dir=out, spec=spec, resume=resume, cache_dir=cache_dir)
-    typer.echo(f"best dev CIDEr-D {result['best_dev_cider']:.2f} after {result['steps']} steps; "
-               f"model: {out / 'best.pt'}")
+    result = run_training(run_dir=out, spec=spec, resume=resume, cache_dir=cache_dir, nproc=nproc)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary rather than one per rank
+        typer.echo(f"best dev CIDEr-D {result['best_dev_cider']:.2f} after {result['steps']} steps; "
+                   f"model: {out / 'best.pt'}")
 
 
 @app.command("eval")
@@ -132,24 +140,28 @@ def caption(
     images: Annotated[list[Path], typer.Argument(help="Image files")],
     model: ModelDir = None,
     backend: Annotated[Backend, typer.Option(help="Inference backend")] = Backend.torch,
-    precision: Annotated[Precision, typer.Option(help="Graph precision (ort backend)")] = Precision.fp32,
+    precision: Annotated[Precision, typer.Option(help="Graph precision (ort and trt backends)")] = Precision.fp32,
     device: Annotated[Device, typer.Option(help="ONNX Runtime execution provider (ort backend)")] = Device.cpu,
     beam: Beam = 3,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object per image")] = False,
     attention: Annotated[Path | None, typer.Option(help="Write attention maps as PNG (one file per image)")] = None,
 ) -> None:
-    """Print one caption per image (torch: a checkpoint; ort: an export directory, no torch needed)."""
+    """Print one caption per image (torch: a checkpoint; ort, trt: an export directory, no torch needed)."""
     from edgecap.preprocess import read_rgb
     from edgecap.report import attention_png, caption_json
     from edgecap.runtime.search import SearchOptions
 
     options = SearchOptions(beam_size=beam)
-    if backend is Backend.ort:
+    if backend in (Backend.ort, Backend.trt):
         from edgecap.runtime.pipeline import Captioner
 
+        if backend is Backend.trt:
+            from edgecap.runtime.backends.trt_cuda import require_tensorrt
+
+            require_tensorrt()  # before anything is read: say what this machine lacks
         if model is None:
-            raise EdgecapError("--backend ort needs --model EXPORT_DIR (made by `edgecap export`)")
-        captioner = Captioner.from_dir(model, precision=precision.value, device=device.value)
+            raise EdgecapError(f"--backend {backend.value} needs --model EXPORT_DIR (made by `edgecap export`)")
+        captioner = Captioner.from_dir(model, backend=backend.value, precision=precision.value, device=device.value)
         captions = captioner.caption(images, options)
     else:
         from edgecap.captioning import caption_images
@@ -178,14 +190,29 @@ def export_model(
     int8_scheme: Annotated[Int8Scheme, typer.Option(help="INT8: tensorrt (symmetric, what TensorRT builds) or "
                                                          "ort-cpu (uint8 activations, fast on x86 ONNX Runtime)")]
     = Int8Scheme.tensorrt,
+    trt: Annotated[bool, typer.Option("--trt", help="Also build TensorRT engines of these precisions (NVIDIA GPU); "
+                                                    "with an export directory as RUN: engines only, no torch")]
+    = False,
+    max_batch: Annotated[int, typer.Option(help="TensorRT: most images per caption call", min=1)] = 32,
+    opt_batch: Annotated[int, typer.Option(help="TensorRT: images per call the engines are tuned for", min=1)] = 1,
 ) -> None:
-    """Export the encoder and single-step decoder to ONNX, validated against PyTorch."""
+    """Export the encoder and single-step decoder to ONNX, validated against PyTorch; --trt builds engines."""
+    precisions = parse_list(precision, Precision, "--precision")
+    if trt:
+        from edgecap.runtime.backends.trt_cuda import require_tensorrt
+        from edgecap.runtime.engines import EngineOptions
+        from edgecap.runtime.manifest import MANIFEST_NAME, Manifest
+
+        engine_options = EngineOptions(max_batch=max_batch, opt_batch=opt_batch, beam=beam)
+        if run is not None and (run / MANIFEST_NAME).is_file():  # graphs made elsewhere, e.g. for a Jetson
+            _build_trt(run, Manifest.read(run), precisions, engine_options)
+            return
+        require_tensorrt()  # say what this machine lacks before a long export
     from edgecap.export.onnx import export_onnx
     from edgecap.export.precision import add_fp16
     from edgecap.preprocess import SAMPLE_IMAGES, load_images
     from edgecap.training.checkpoint import load_model
 
-    precisions = parse_list(precision, Precision, "--precision")
     calibration = None
     if "int8" in precisions:
         if calib_data is None:
@@ -211,6 +238,18 @@ def export_model(
                    f"{sum(len(q[g]['kept_fp32']) for g in ('encoder', 'step'))}; ORT CPU speed-up encoder "
                    f"{q['encoder']['ort_cpu_speedup']:.2f}x, step {q['step']['ort_cpu_speedup']:.2f}x")
     typer.echo(f"exported {manifest.model_id} to {out} ({', '.join(manifest.graphs)})")
+    if trt:
+        _build_trt(out, manifest, precisions, engine_options)
+
+
+def _build_trt(directory: Path, manifest, precisions: list[str], options) -> None:
+    from edgecap.export.trt import build_engines
+
+    for engine in build_engines(directory, manifest, precisions, options)[1]:
+        record, rows = engine.record, engine.record.profile
+        how = "cached" if engine.reused else f"built in {engine.seconds:.0f} s"
+        typer.echo(f"TensorRT {record.precision} {record.graph}: {directory / record.file} ({how}; rows "
+                   f"{rows.min}-{rows.max}, tuned for {rows.opt})")
 
 
 @app.command()
@@ -218,7 +257,7 @@ def parity(
     export_dir: Annotated[Path, typer.Argument(help="Export directory made by `edgecap export`")],
     data: Annotated[str, typer.Option(help="Dataset spec: flickr8k:DIR, karpathy:FILE.json[:ROOT], coco:DIR, shapes")],
     split: Annotated[str, typer.Option(help="Held-out split to compare on")] = "dev",
-    backend: Annotated[str, typer.Option(help="Candidate backend")] = "ort",
+    backend: Annotated[str, typer.Option(help="Candidate backend: ort or trt")] = "ort",
     precision: Annotated[Precision, typer.Option(help="Candidate graph precision")] = Precision.fp32,
     beam: Beam = 3,
     max_images: Annotated[int, typer.Option(help="Compare only the first N images (0: all)")] = 0,
@@ -234,8 +273,12 @@ def parity(
     from edgecap.report import parity_json, parity_markdown, write_json, write_text
     from edgecap.runtime.search import SearchOptions
 
-    if backend != "ort":
-        raise EdgecapError(f"--backend {backend}: parity runs the 'ort' backend (TensorRT engines come later)")
+    if backend not in ("ort", "trt"):
+        raise EdgecapError(f"--backend {backend}: parity compares PyTorch with 'ort' or 'trt'")
+    if backend == "trt":
+        from edgecap.runtime.backends.trt_cuda import require_tensorrt
+
+        require_tensorrt()  # before the reference model and the data are loaded
     records = load_dataset(data).split(split)
     records = records[:max_images] if max_images else records
     with Evaluator(spice=False) as evaluator:
@@ -268,7 +311,7 @@ def parse_ints(value: str, option: str) -> list[int]:
 @app.command()
 def bench(
     export_dir: Annotated[Path | None, typer.Argument(help="Export directory made by `edgecap export`")] = None,
-    backend: Annotated[str, typer.Option(help="Backends, comma-separated: torch,ort")] = "torch,ort",
+    backend: Annotated[str, typer.Option(help="Backends, comma-separated: torch,ort,trt")] = "torch,ort",
     precision: Annotated[str, typer.Option(help="Graph precisions, comma-separated: fp32,fp16,int8")] = "fp32",
     batch: Annotated[str, typer.Option(help="Images per caption call, comma-separated")] = "1",
     beam: Annotated[str, typer.Option(help="Beam sizes, comma-separated")] = "3",
