@@ -39,18 +39,39 @@ def test_int8_graphs_are_symmetric_qdq_with_per_channel_weights(int8_export, gra
     assert graph_problems(int8_export / f"{graph}.int8.onnx", "int8") == []  # the checker `export --trt` runs
 
 
-@pytest.mark.slow
-def test_int8_export_captions_like_fp32(int8_export):
+def _top1_agreement(directory, images) -> float:
+    """Share of steps at which the int8 graphs pick fp32's next word, teacher-forced along fp32's beam-3 captions.
+
+    Whole-caption identity is too coarse for a tiny, every-layer-INT8 model: one flipped near-tie changes the
+    rest of a caption, and which ties flip changes with the model's last bits.
+    """
     from edgecap.runtime.pipeline import Captioner
     from edgecap.runtime.search import SearchOptions
 
+    from edgecap.parity import teacher_forced
+    from edgecap.preprocess import load_images
+    from edgecap.vocab import EOS
+
+    fp32, int8 = (Captioner.from_dir(directory, precision=p) for p in ("fp32", "int8"))
+    assert [f.name for f in int8.manifest.graph_files(directory, "int8")] == ["encoder.int8.onnx", "step.int8.onnx"]
+    pixels = load_images(images, fp32.prep)
+    assert all(h.tokens for h in int8.search(pixels, SearchOptions(beam_size=3)))
+    words = [h.tokens + (EOS,) for h in fp32.search(pixels, SearchOptions(beam_size=3))]
+    reference, candidate = (teacher_forced(c.backend, pixels, words) for c in (fp32, int8))
+    lengths = np.array([len(w) for w in words])
+    agree = [(r.argmax(1) == c.argmax(1))[lengths > t]
+             for t, (r, c) in enumerate(zip(reference, candidate, strict=True))]
+    return float(np.concatenate(agree).mean())
+
+
+@pytest.mark.slow
+def test_int8_export_captions_like_fp32(int8_export):
     from edgecap.data import load_dataset
 
     images = [r.path for r in load_dataset("shapes").split("test")[:12]]
-    fp32, int8 = (Captioner.from_dir(int8_export, precision=p) for p in ("fp32", "int8"))
-    assert [f.name for f in int8.manifest.graph_files(int8_export, "int8")] == ["encoder.int8.onnx", "step.int8.onnx"]
-    texts = [[c.text for c in captioner.caption(images, SearchOptions(beam_size=3))] for captioner in (fp32, int8)]
-    assert all(texts[1]) and sum(a == b for a, b in zip(*texts, strict=True)) >= 8
+    # Every layer INT8 (symmetric activations, softmax inputs included) on a 150-step model with small top-1
+    # margins: measured 0.85; graphs with a wrong scale or zero point fall far below (a random pick: ~0.01).
+    assert _top1_agreement(int8_export, images) >= 0.75
 
 
 @pytest.mark.slow
@@ -60,8 +81,6 @@ def test_ort_cpu_scheme_writes_uint8_activations_that_caption(int8_export, tmp_p
     from edgecap.calib.quantize import write_qdq
     from edgecap.calib.ranges import compute_ranges
     from edgecap.runtime.manifest import Manifest
-    from edgecap.runtime.pipeline import Captioner
-    from edgecap.runtime.search import SearchOptions
 
     from edgecap.data import load_dataset
 
@@ -78,10 +97,8 @@ def test_ort_cpu_scheme_writes_uint8_activations_that_caption(int8_export, tmp_p
                        if n.op_type == "QuantizeLinear" and n.input[0] not in values]
         assert activations and all(zp.dtype == np.uint8 for zp in activations)
     images = [r.path for r in load_dataset("shapes").split("test")[:12]]
-    fp32, int8 = (Captioner.from_dir(directory, precision=p) for p in ("fp32", "int8"))
     assert Manifest.read(directory).graphs["int8"]["encoder"] == "encoder.int8.onnx"
-    texts = [[c.text for c in captioner.caption(images, SearchOptions(beam_size=3))] for captioner in (fp32, int8)]
-    assert all(texts[1]) and sum(a == b for a, b in zip(*texts, strict=True)) >= 6  # tiny model
+    assert _top1_agreement(directory, images) >= 0.9
 
 
 @pytest.mark.slow
