@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from edgecap.export.graphs import EncoderGraph, StepGraph, tensor_names
 from edgecap.runtime.backends.ort import cpu_session
-from edgecap.runtime.manifest import FORMAT_VERSION, Manifest, TensorSpec
+from edgecap.runtime.manifest import FORMAT_VERSION, Manifest, TensorSpec, file_sha256
 
 from edgecap import spec
 from edgecap.errors import EdgecapError
-from edgecap.training.checkpoint import DEFAULT_MODEL, LoadedModel, checkpoint_file, file_sha256
+from edgecap.training.checkpoint import DEFAULT_MODEL, LoadedModel, checkpoint_file
 
 OPSET = 18
 # max |ORT - PyTorch| per output of the fp32 graphs, in units of max(1, max |PyTorch|): a sum over thousands of

@@ -27,11 +27,10 @@ from edgecap.runtime.engines import (
     EngineOptions,
     EngineRecord,
     engine_key,
-    file_sha256,
     profile_rows,
     profile_shapes,
 )
-from edgecap.runtime.manifest import Manifest
+from edgecap.runtime.manifest import Manifest, file_sha256
 
 from edgecap.errors import ModelError
 

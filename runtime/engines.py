@@ -162,10 +162,3 @@ def find_engine(engines: Mapping[str, Mapping], *, directory: Path, graph: str, 
                          f"{rebuild_hint(directory, precision)}")
     return best
 
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -6,6 +6,7 @@ come from here, never from inspecting session inputs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -83,3 +84,12 @@ class Manifest:
             if not file.is_file():
                 raise ModelError(f"{file}: missing from the export directory; re-run `edgecap export`")
         return files
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks: the digests manifests record for checkpoints and graphs."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

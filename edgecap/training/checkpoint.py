@@ -8,7 +8,6 @@ encoder's weights are stored only when they differ from the pretrained package
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from dataclasses import asdict, dataclass
@@ -22,7 +21,7 @@ from edgecap.models import MODELS, build_model
 from edgecap.models.captioner import Captioner
 from edgecap.models.encoder import build_encoder
 from edgecap.preprocess import Preprocessing
-from edgecap.runtime.manifest import Manifest
+from edgecap.runtime.manifest import Manifest, file_sha256
 from edgecap.vocab import Vocab
 
 FORMAT = "edgecap-checkpoint/1"
@@ -113,13 +112,6 @@ def checkpoint_file(path: Path | None) -> Path:
     path = Path(path) if path is not None else DEFAULT_MODEL
     return path / "best.pt" if path.is_dir() else path
 
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_reference(manifest: Manifest, path: Path | None = None) -> LoadedModel:

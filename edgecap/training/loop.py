@@ -154,6 +154,15 @@ class Trainer:
         return 100.0 * float(self.dev_cider.score(ids, [c.split() for c in captions]).mean())
 
     # -- one epoch of each phase -------------------------------------------------------------------------------
+    def _update(self, loss: torch.Tensor) -> None:
+        """One optimiser step on ``loss``: gradients summed over ranks (a no-op alone), clipped, then applied."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        distributed.sum_gradients(self.captioner, self.dist)
+        torch.nn.utils.clip_grad_norm_(self.captioner.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.state["step"] += 1
+
     def _xe_epoch(self, epoch: int) -> float:
         cfg = self.cfg
         hard = getattr(self.captioner.decoder.config, "attention", "soft") == "hard"
@@ -203,12 +212,7 @@ class Trainer:
                         - cfg.hard_entropy * entropy.sum() / n_rows)
             for group in self.optimizer.param_groups:
                 group["lr"] = cfg.lr * _lr_factor(self.state["step"], warmup=cfg.warmup_steps, total=total_steps)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            distributed.sum_gradients(self.captioner, self.dist)
-            torch.nn.utils.clip_grad_norm_(self.captioner.parameters(), cfg.grad_clip)
-            self.optimizer.step()
-            self.state["step"] += 1
+            self._update(loss)
             losses.append(distributed.global_sum(xe.detach()).item())
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.1e}")
         bar.close()
@@ -239,12 +243,7 @@ class Trainer:
                 loss, reward = scst_loss(decoder, features, ids, cider=self.train_cider, vocab=self.vocab,
                                          samples=cfg.scst_samples, max_length=cfg.max_caption_length,
                                          baseline=cfg.scst_baseline)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            distributed.sum_gradients(self.captioner, self.dist)
-            torch.nn.utils.clip_grad_norm_(self.captioner.parameters(), cfg.grad_clip)
-            self.optimizer.step()
-            self.state["step"] += 1
+            self._update(loss)
             rewards.append(distributed.global_mean(reward, len(rows), self.dist))
             bar.set_postfix(reward=f"{100 * np.mean(rewards[-20:]):.1f}")
         bar.close()

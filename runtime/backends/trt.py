@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 from edgecap.runtime.backends.trt_cuda import Cuda, current_device, require_tensorrt
-from edgecap.runtime.engines import GRAPHS, file_sha256, find_engine, rebuild_hint
-from edgecap.runtime.manifest import Manifest
+from edgecap.runtime.engines import GRAPHS, find_engine, rebuild_hint
+from edgecap.runtime.manifest import Manifest, file_sha256
 
 from edgecap import spec
 from edgecap.errors import ModelError

@@ -323,7 +323,8 @@ def test_trt_backend_host_logic_on_simulated_cuda_captions_like_onnx_runtime(sim
     """Bindings, state ping-pong, tiling on the device, staging and graph replay, checked against ONNX Runtime:
     the simulated engines run the same fp32 graphs, so every caption and log-prob must match exactly."""
     from edgecap.runtime.backends.trt import TrtBackend
-    from edgecap.runtime.engines import GRAPHS, file_sha256
+    from edgecap.runtime.engines import GRAPHS
+    from edgecap.runtime.manifest import file_sha256
     from edgecap.runtime.pipeline import Captioner
     from edgecap.runtime.search import SearchOptions
 
