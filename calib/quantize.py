@@ -37,6 +37,41 @@ def quantizable_layers(model: Path, op_types: Sequence[str] | None = None) -> li
     return [n.name for n in graph.node if n.op_type in wanted and len(n.input) > 1 and n.input[1] in constants]
 
 
+def discrete_choice_layers(model: Path, op_types: Sequence[str] | None = None) -> list[str]:
+    """Weighted nodes whose outputs reach the graph's outputs only through integer tensors (TopK/ArgMax indices).
+
+    Such a layer only ranks candidates for a discrete choice, GLIED's MIL head choosing the attribute words for
+    one: INT8 noise flips near-ties in that ranking and the wrong word changes every later step, while
+    quantising the layer saves little (one small MLP per image). So these stay fp32 before any search.
+    """
+    import onnx
+
+    graph = onnx.shape_inference.infer_shapes(onnx.load(str(model), load_external_data=False)).graph
+    integer = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
+               onnx.TensorProto.BOOL}
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.output, *graph.input]}
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    float_outputs = {o.name for o in graph.output if o.type.tensor_type.elem_type not in integer}
+
+    def reaches_float_output(node) -> bool:
+        todo, seen = list(node.output), set()
+        while todo:
+            tensor = todo.pop()
+            if tensor in seen or types.get(tensor) in integer:  # unknown types count as float: keep quantising
+                continue
+            if tensor in float_outputs:
+                return True
+            seen.add(tensor)
+            todo += [out for consumer in consumers.get(tensor, []) for out in consumer.output]
+        return False
+
+    candidates = set(quantizable_layers(model, op_types))
+    return [n.name for n in graph.node if n.name in candidates and not reaches_float_output(n)]
+
+
 def write_qdq(source: Path, target: Path, ranges, *, exclude: Sequence[str] = (),
               op_types: Sequence[str] | None = None, scheme: str = "tensorrt") -> None:
     """Write the Q/DQ INT8 copy of ``source`` to ``target``; nodes named in ``exclude`` stay fp32.
@@ -78,12 +113,14 @@ class QdqGraph:
     ranges: object  # onnxruntime.quantization.TensorsData of ``source``
     op_types: tuple[str, ...] | None = None  # op types to quantise; None: every type onnxruntime knows
     scheme: str = "tensorrt"  # one of SCHEMES
+    always_fp32: tuple[str, ...] = ()  # nodes never quantised (``discrete_choice_layers``)
 
     def write(self, exclude: Sequence[str] = ()) -> Path:
-        """Write ``target`` with the nodes in ``exclude`` kept fp32; returns ``target``."""
-        write_qdq(self.source, self.target, self.ranges, exclude=exclude, op_types=self.op_types, scheme=self.scheme)
+        """Write ``target`` with ``always_fp32`` and the nodes in ``exclude`` kept fp32; returns ``target``."""
+        write_qdq(self.source, self.target, self.ranges, exclude=[*self.always_fp32, *exclude],
+                  op_types=self.op_types, scheme=self.scheme)
         return self.target
 
     def layers(self) -> list[str]:
         """The weighted nodes this recipe quantises: the candidates for staying fp32."""
-        return quantizable_layers(self.source, self.op_types)
+        return [n for n in quantizable_layers(self.source, self.op_types) if n not in self.always_fp32]

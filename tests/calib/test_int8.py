@@ -156,3 +156,36 @@ def test_calib_imports_no_torch():
         import edgecap.calib.build, edgecap.calib.feeds, edgecap.calib.quantize, edgecap.calib.ranges
         import edgecap.calib.sensitivity
     """)
+
+
+def _ranking_graph(path):
+    """x -> head (MatMul) -> TopK -> indices -> Gather(table) -> float output; x -> proj (MatMul) -> float output."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = {"w_head": rng.normal(size=(8, 16)), "w_proj": rng.normal(size=(8, 4)), "table": rng.normal(size=(16, 4))}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w_head"], ["scores"], name="head"),
+        helper.make_node("TopK", ["scores", "k"], ["top_values", "ids"], name="topk"),
+        helper.make_node("Gather", ["table", "ids"], ["chosen"], name="gather"),
+        helper.make_node("MatMul", ["x", "w_proj"], ["projected"], name="proj"),
+    ]
+    initializers = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    initializers.append(numpy_helper.from_array(np.array([3], dtype=np.int64), "k"))
+    graph = helper.make_graph(nodes, "ranking", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3]),
+                               helper.make_tensor_value_info("chosen", TensorProto.FLOAT, [2, 3, 4]),
+                               helper.make_tensor_value_info("projected", TensorProto.FLOAT, [2, 4])],
+                              initializers)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_layers_that_only_rank_a_discrete_choice_stay_fp32(tmp_path):
+    from edgecap.calib.quantize import discrete_choice_layers, quantizable_layers
+
+    model = _ranking_graph(tmp_path / "ranking.onnx")
+    assert quantizable_layers(model) == ["head", "proj"]
+    assert discrete_choice_layers(model) == ["head"]  # its float values reach outputs only through TopK's indices
+    assert discrete_choice_layers(model, ["Conv"]) == []
