@@ -194,6 +194,13 @@ def bench_markdown(report: BenchReport) -> str:
         lines.append(f"| {r.backend} | {r.precision} | {r.batch} | {r.beam} | {_ms(r.encoder_ms_mean)} "
                      f"({share['encoder']:.0f}%) | {_ms(r.steps_ms_mean)} ({share['steps']:.0f}%) | "
                      f"{_ms(r.search_ms_mean)} ({share['search']:.0f}%) | {_ms(r.caption_ms_mean)} |")
+    lines += ["", "Step time by position (median ms of the p-th step; growth = last 3 / first 3 positions, ~1 when "
+              "the carried state or KV cache keeps every step the same size):", "",
+              "| backend | precision | batch | beam | growth | ms per position |", "|---|---|---|---|---|---|"]
+    for r in report.rows:
+        growth = "–" if r.step_growth is None else f"{r.step_growth:.2f}"
+        profile = " ".join(_ms(ms) for ms in r.step_ms_by_position)
+        lines.append(f"| {r.backend} | {r.precision} | {r.batch} | {r.beam} | {growth} | {profile} |")
     lines += ["", "Targets (reported, not asserted):", ""]
     for check in report.targets:
         verdict = "not measured" if check.met is None else "met" if check.met else "NOT met"

@@ -133,8 +133,27 @@ class BenchRow:
     caption_ms_mean: float
     step_weight_bytes: int | None  # bytes of the weights one step reads (None: not known)
     step_floor_ms: float | None  # step_weight_bytes / memory-copy bandwidth: a memory-bound step's lower bound
+    step_ms_by_position: tuple[float, ...] = ()  # median ms of the p-th step over the runs that reached it
+    step_growth: float | None = None  # last 3 positions / first 3 (median ms): ~1 when the cache keeps steps flat
     encoder_speedup_vs_torch: float | None = None
     step_speedup_vs_torch: float | None = None
+
+
+def step_ms_by_position(steps: Sequence[np.ndarray]) -> tuple[float, ...]:
+    """Median ms of each step position over the runs that reached it.
+
+    A decoder that re-read its whole prefix would slow down word by word; the LSTM state and the static KV cache
+    (DESIGN.md §4) keep every step the same size, and this profile is how a user sees that they do.
+    """
+    longest = max((len(s) for s in steps), default=0)
+    return tuple(float(np.median([s[p] for s in steps if len(s) > p]) * 1e3) for p in range(longest))
+
+
+def step_growth(by_position: Sequence[float], edge: int = 3) -> float | None:
+    """Median of the last ``edge`` positions over the median of the first ``edge`` (None: too few steps)."""
+    if len(by_position) < 2 * edge:
+        return None
+    return float(np.median(by_position[-edge:]) / np.median(by_position[:edge]))
 
 
 def summarize(timings: CaptionTimings, *, backend: str, precision: str, options: SearchOptions, threads: int,
@@ -145,6 +164,7 @@ def summarize(timings: CaptionTimings, *, backend: str, precision: str, options:
     caption = timings.caption * ms
     every_step = np.concatenate(timings.steps) * ms if timings.steps else np.zeros(0)
     p50, p90, p99 = (float(v) for v in np.percentile(caption, [50, 90, 99]))
+    by_position = step_ms_by_position(timings.steps)
     floor = None
     if step_weight_bytes is not None and bandwidth_gb_s:
         floor = step_weight_bytes / (bandwidth_gb_s * 1e9) * ms
@@ -160,7 +180,8 @@ def summarize(timings: CaptionTimings, *, backend: str, precision: str, options:
         step_ms_p90=float(np.percentile(every_step, 90)) if len(every_step) else 0.0,
         encoder_ms_mean=float(timings.encoder.mean() * ms), steps_ms_mean=float(timings.step_totals.mean() * ms),
         search_ms_mean=float(timings.search.mean() * ms), caption_ms_mean=float(caption.mean()),
-        step_weight_bytes=step_weight_bytes, step_floor_ms=floor)
+        step_weight_bytes=step_weight_bytes, step_floor_ms=floor,
+        step_ms_by_position=by_position, step_growth=step_growth(by_position))
 
 
 def with_speedups(rows: Sequence[BenchRow], reference: str = "torch") -> list[BenchRow]:

@@ -14,6 +14,8 @@ from edgecap.runtime.bench import (
     TimedSession,
     onnx_weight_bytes,
     ort_weight_bytes,
+    step_growth,
+    step_ms_by_position,
     summarize,
     time_captions,
     with_speedups,
@@ -87,6 +89,15 @@ def test_timing_core_splits_a_caption_into_encoder_steps_and_search():
     assert row.search_overhead_share == pytest.approx(1e3 * TILE_S / caption_ms)
     assert row.step_floor_ms == pytest.approx(0.2)  # 2 MB at 10 GB/s
     assert row.peak_rss_mb == 123.0 and row.speedup_vs_torch is None
+    assert row.step_ms_by_position == pytest.approx((1e3 * STEP_S,) * steps)
+
+
+def test_step_profile_is_per_position_over_the_runs_that_reached_it():
+    runs = [np.array([1.0, 1.0, 2.0, 2.0, 3.0, 3.0]) * 1e-3, np.array([3.0, 1.0, 2.0, 4.0]) * 1e-3]
+    profile = step_ms_by_position(runs)
+    assert profile == pytest.approx((2.0, 1.0, 2.0, 3.0, 3.0, 3.0))
+    assert step_growth(profile) == pytest.approx(3.0 / 2.0)
+    assert step_growth(profile[:5]) is None and step_ms_by_position([]) == ()
 
 
 def test_timed_session_forwards_step_and_tile():
