@@ -8,6 +8,7 @@ from edgecap.models import build_model
 from edgecap.models.a2 import ALIGNMENTS
 from edgecap.torch_backend import search_features
 from edgecap.vocab import BOS, EOS, PAD, SPECIALS, Vocab
+from tests.models.step_check import assert_steps_equal_forward
 
 TINY = {"vocab_size": 30, "feature_dim": 16, "num_locations": 9, "d_model": 32, "heads": 4, "layers": 2,
         "ff_dim": 48, "max_positions": 12}
@@ -29,13 +30,8 @@ def perturbed_captioning_loss(model, features: torch.Tensor, tokens: torch.Tenso
 def test_iterating_step_equals_teacher_forced_forward(alignment):
     model = tiny(alignment=alignment).eval()
     features, tokens = torch.randn(3, 9, 16), torch.randint(1, 30, (3, 8))
-    full = model(features, tokens)
+    full = assert_steps_equal_forward(model, features, tokens)
     assert "alpha" not in full and "auxiliary_loss" not in full  # eval mode: no training objective
-    memory, state = model.prepare(features)
-    for t in range(tokens.shape[1]):
-        logprobs, state, attention = model.step(tokens[:, t], state, memory, torch.tensor(t))
-        torch.testing.assert_close(logprobs, full["logprobs"][:, t], atol=1e-5, rtol=0)
-        torch.testing.assert_close(attention, full["attention"][:, t], atol=1e-5, rtol=0)
     torch.testing.assert_close(full["attention"].sum(-1), torch.ones(3, 8))
 
 

@@ -8,6 +8,7 @@ from edgecap.errors import ModelError
 from edgecap.models import build_model
 from edgecap.torch_backend import TorchSession
 from edgecap.vocab import BOS, EOS
+from tests.models.step_check import assert_steps_equal_forward
 
 TINY = {"vocab_size": 40, "feature_dim": 16, "num_locations": 9, "d_model": 16, "heads": 2, "layers": 2,
         "ff_dim": 24, "max_positions": 12, "attributes_vocab": 20, "attributes": 4}
@@ -18,12 +19,7 @@ def test_iterating_step_equals_teacher_forced_forward(variant):
     torch.manual_seed(0)
     model = build_model("glied", {**TINY, "variant": variant}).eval()
     features, tokens = torch.randn(3, 9, 16), torch.randint(0, 40, (3, 7))
-    full = model(features, tokens)
-    memory, state = model.prepare(features)
-    for t in range(tokens.shape[1]):
-        logprobs, state, attention = model.step(tokens[:, t], state, memory, torch.tensor(t))
-        torch.testing.assert_close(logprobs, full["logprobs"][:, t], atol=1e-5, rtol=0)
-        torch.testing.assert_close(attention, full["attention"][:, t], atol=1e-5, rtol=0)
+    full = assert_steps_equal_forward(model, features, tokens)
     assert "alpha" not in full  # SAT's doubly stochastic regulariser must not apply to a Transformer
 
 

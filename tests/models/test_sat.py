@@ -3,6 +3,7 @@ import torch
 
 from edgecap import spec
 from edgecap.models import MODELS, build_model
+from tests.models.step_check import assert_steps_equal_forward
 
 TINY = {"vocab_size": 40, "feature_dim": 16, "num_locations": 9, "embed_dim": 8, "hidden_dim": 12, "att_dim": 10}
 
@@ -12,12 +13,7 @@ def test_iterating_step_equals_teacher_forced_forward(gate):
     torch.manual_seed(0)
     model = build_model("sat", {**TINY, "gate": gate}).eval()
     features, tokens = torch.randn(3, 9, 16), torch.randint(0, 40, (3, 7))
-    full = model(features, tokens)
-    memory, state = model.prepare(features)
-    for t in range(tokens.shape[1]):
-        logprobs, state, alpha = model.step(tokens[:, t], state, memory, torch.tensor(t))
-        torch.testing.assert_close(logprobs, full["logprobs"][:, t], atol=1e-5, rtol=0)
-        torch.testing.assert_close(alpha, full["alpha"][:, t], atol=1e-5, rtol=0)
+    assert_steps_equal_forward(model, features, tokens, attention_key="alpha")
 
 
 def test_prepare_names_memory_and_state_as_the_spec():

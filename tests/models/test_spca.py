@@ -4,6 +4,7 @@ import torch
 from edgecap import spec
 from edgecap.models import MODELS, build_model
 from edgecap.models.spca import MEMORY_CHANNEL, MEMORY_SPATIAL, SPCA, VARIANTS, SPCAConfig
+from tests.models.step_check import assert_steps_equal_forward
 
 TINY = {"vocab_size": 40, "feature_dim": 16, "num_locations": 9, "annotation_dim": 12, "embed_dim": 8,
         "hidden_dim": 10, "att_dim": 6, "reduction": 4, "dropout": 0.0}
@@ -15,12 +16,7 @@ def test_iterating_step_equals_teacher_forced_forward(variant, kernel_size):
     torch.manual_seed(0)
     model = build_model("spca", {**TINY, "variant": variant, "kernel_size": kernel_size}).eval()
     features, tokens = torch.randn(3, 9, 16), torch.randint(0, 40, (3, 6))
-    full = model(features, tokens)
-    memory, state = model.prepare(features)
-    for t in range(tokens.shape[1]):
-        logprobs, state, attention = model.step(tokens[:, t], state, memory, torch.tensor(t))
-        torch.testing.assert_close(logprobs, full["logprobs"][:, t], atol=1e-5, rtol=0)
-        torch.testing.assert_close(attention, full["attention"][:, t], atol=1e-5, rtol=0)
+    full = assert_steps_equal_forward(model, features, tokens)
     assert "alpha" not in full  # a sigmoid map: the trainer must not apply the softmax coverage regulariser
 
 
