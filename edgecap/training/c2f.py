@@ -8,6 +8,13 @@ rewarded for improving on its predecessor:
     Δr(w^1) = r(w^1) - r(ŵ^1)
     Δr(w^i) = [r(w^i) - r(ŵ^i)] + [r(w^i) - r(w^{i-1})]    for i >= 2
 
+``baseline="greedy"`` is the paper's r(ŵ^i). The default ``"mean"`` puts in its place the mean reward of
+the other samples of the same image and stage (as SCST's default does): measured at the 4-epoch Flickr8k XE
+Stack-Captioning checkpoint, temperature-1 samples score CIDEr-D 8-10 per stage against greedy decodes' 34-40,
+so with the greedy baseline nearly every sample gets an advantage near -25. Such a gradient only pushes sampled
+words down; one epoch of it lowered dev CIDEr-D from 31.9 to 22.6 and left captions repeating
+("a man in a man ..."). The inter-stage term is eq. 15's in both cases.
+
 All stages share one time loop (``sample_captions(..., stages=True)``): at each step
 every stage draws its word from its own distribution and the last stage's word is fed
 back, which is also the word inference feeds back.
@@ -23,31 +30,43 @@ from torch import nn
 
 from edgecap.training.cider import CiderD
 from edgecap.training.distributed import global_sum
-from edgecap.training.scst import sample_captions, words_of
+from edgecap.training.scst import leave_one_out_mean, sample_captions, words_of
 from edgecap.vocab import Vocab
 
 
-def stage_advantages(rewards: np.ndarray, greedy_rewards: np.ndarray) -> np.ndarray:
-    """Δr per stage and sample: rewards (K, R) of the samples, greedy_rewards (K, R) of each row's greedy decode."""
-    advantage = rewards - greedy_rewards
+def stage_advantages(rewards: np.ndarray, baselines: np.ndarray) -> np.ndarray:
+    """Δr per stage and sample: rewards (K, R) of the samples, baselines (K, R) each row's baseline per stage."""
+    advantage = rewards - baselines
     advantage[1:] += rewards[1:] - rewards[:-1]
     return advantage
 
 
-def c2f_loss(decoder: nn.Module, features: torch.Tensor, image_ids: Sequence[str], *, cider: CiderD, vocab: Vocab,
-             samples: int, max_length: int) -> tuple[torch.Tensor, float]:
-    """The loss -sum_i Δr(w^i) log p(w^i), each stage averaged over its tokens, and the last stage's mean reward."""
-    tokens, logprobs, mask = sample_captions(decoder, features, samples=samples, max_length=max_length, stages=True)
-    ids = [i for i in image_ids for _ in range(samples)]
-    rewards = np.stack([cider.score(ids, words_of(stage, vocab)) for stage in tokens])
+def _greedy_rewards(decoder: nn.Module, features: torch.Tensor, image_ids: Sequence[str], *, cider: CiderD,
+                    vocab: Vocab, max_length: int) -> np.ndarray:
+    """(K, images): CIDEr-D of every stage's greedy decode, in eval mode as at test time."""
     was_training = decoder.training
     decoder.eval()
     with torch.no_grad():
         greedy, _, _ = sample_captions(decoder, features, samples=1, max_length=max_length, greedy=True, stages=True)
     decoder.train(was_training)
-    greedy_rewards = np.stack([cider.score(list(image_ids), words_of(stage, vocab)) for stage in greedy])
-    advantage = stage_advantages(rewards, greedy_rewards.repeat(samples, axis=1))
-    advantage = torch.from_numpy(advantage.astype(np.float32)).to(logprobs.device)
+    return np.stack([cider.score(list(image_ids), words_of(stage, vocab)) for stage in greedy])
+
+
+def c2f_loss(decoder: nn.Module, features: torch.Tensor, image_ids: Sequence[str], *, cider: CiderD, vocab: Vocab,
+             samples: int, max_length: int, baseline: str = "mean") -> tuple[torch.Tensor, float]:
+    """The loss -sum_i Δr(w^i) log p(w^i), each stage averaged over its tokens, and the last stage's mean reward.
+
+    ``baseline``: "mean" (of the image's other samples in the same stage) or "greedy" (the paper's).
+    """
+    tokens, logprobs, mask = sample_captions(decoder, features, samples=samples, max_length=max_length, stages=True)
+    ids = [i for i in image_ids for _ in range(samples)]
+    rewards = np.stack([cider.score(ids, words_of(stage, vocab)) for stage in tokens])
+    if baseline == "greedy":
+        baselines = _greedy_rewards(decoder, features, image_ids, cider=cider, vocab=vocab,
+                                    max_length=max_length).repeat(samples, axis=1)
+    else:
+        baselines = leave_one_out_mean(rewards.reshape(len(rewards), len(image_ids), samples)).reshape(rewards.shape)
+    advantage = torch.from_numpy(stage_advantages(rewards, baselines).astype(np.float32)).to(logprobs.device)
     mask = mask.float()
     per_stage = -(advantage[..., None] * logprobs * mask).sum((1, 2)) / global_sum(mask.sum((1, 2)))  # every rank's
     return per_stage.sum(), float(rewards[-1].mean())

@@ -236,9 +236,10 @@ class Trainer:
             rows = distributed.shard(batch, self.dist)  # each rank samples captions for its own images
             features = self.train_features.get(rows)
             decoder, ids = self.captioner.decoder, [self.train_records[i].image_id for i in rows]
-            if hasattr(decoder, "stage_step"):  # coarse-to-fine models: C2F RL, whose baselines are fixed by the paper
+            if hasattr(decoder, "stage_step"):  # coarse-to-fine models: C2F RL (eq. 15)
                 loss, reward = c2f_loss(decoder, features, ids, cider=self.train_cider, vocab=self.vocab,
-                                        samples=cfg.scst_samples, max_length=cfg.max_caption_length)
+                                        samples=cfg.scst_samples, max_length=cfg.max_caption_length,
+                                        baseline=cfg.scst_baseline)
             else:
                 loss, reward = scst_loss(decoder, features, ids, cider=self.train_cider, vocab=self.vocab,
                                          samples=cfg.scst_samples, max_length=cfg.max_caption_length,

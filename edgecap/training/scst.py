@@ -68,6 +68,15 @@ def words_of(tokens: torch.Tensor, vocab: Vocab) -> list[list[str]]:
     return [vocab.decode(row).split() for row in tokens.tolist()]
 
 
+def leave_one_out_mean(rewards: np.ndarray) -> np.ndarray:
+    """Each sample's baseline: the mean reward of the other samples of its image (the last axis holds them).
+
+    Unlike a greedy decode it is unbiased for the sample it scores: an image's advantages sum to zero.
+    """
+    samples = rewards.shape[-1]
+    return (rewards.sum(axis=-1, keepdims=True) - rewards) / (samples - 1)
+
+
 def scst_loss(decoder: nn.Module, features: torch.Tensor, image_ids: Sequence[str], *, cider: CiderD, vocab: Vocab,
               samples: int, max_length: int, baseline: str) -> tuple[torch.Tensor, float]:
     """The policy-gradient loss -(r - b) log p(w) averaged over tokens (every rank's, when distributed, so summed
@@ -83,7 +92,7 @@ def scst_loss(decoder: nn.Module, features: torch.Tensor, image_ids: Sequence[st
         decoder.train(was_training)
         base = cider.score(list(image_ids), words_of(greedy, vocab))[:, None]
     else:
-        base = (rewards.sum(axis=1, keepdims=True) - rewards) / (samples - 1)
+        base = leave_one_out_mean(rewards)
     advantage = torch.from_numpy((rewards - base).reshape(-1).astype(np.float32)).to(logprobs.device)
     mask = mask.float()
     loss = -(advantage[:, None] * logprobs * mask).sum() / global_sum(mask.sum())  # over every rank's tokens

@@ -1,10 +1,11 @@
 import numpy as np
+import pytest
 import torch
 
 from edgecap.models import build_model
 from edgecap.training.c2f import c2f_loss, stage_advantages
 from edgecap.training.cider import CiderD
-from edgecap.training.scst import sample_captions
+from edgecap.training.scst import leave_one_out_mean, sample_captions
 from edgecap.vocab import EOS, PAD, Vocab
 
 WORDS = "a red blue circle square on the left right".split()
@@ -59,28 +60,41 @@ def test_advantages_reward_beating_the_greedy_decode_and_the_previous_stage():
     assert advantage[0, 0] > 0 and advantage[1, 0] > advantage[0, 0] and advantage[2, 0] < 0
 
 
-def test_c2f_loss_is_finite_and_reaches_every_stage_output_layer():
+@pytest.mark.parametrize("baseline", ["mean", "greedy"])
+def test_c2f_loss_is_finite_and_reaches_every_stage_output_layer(baseline):
     model, vocab, features = _model(fine_stages=2)
     model.train()
     torch.manual_seed(1)
     loss, reward = c2f_loss(model, features, ["0", "1"], cider=CiderD(REFERENCES), vocab=vocab, samples=4,
-                            max_length=4)
+                            max_length=4, baseline=baseline)
     assert loss.dim() == 0 and torch.isfinite(loss) and np.isfinite(reward)
     loss.backward()
     for out in model.out:
         assert out.weight.grad is not None and out.weight.grad.abs().sum() > 0
 
 
-def test_coarse_to_fine_training_raises_the_last_stage_reward():
+@pytest.mark.parametrize("baseline", ["mean", "greedy"])
+def test_coarse_to_fine_training_raises_the_last_stage_reward(baseline):
     model, vocab, features = _model()
     cider = CiderD(REFERENCES)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-2)
     torch.manual_seed(1)
     rewards = []
     for _ in range(40):
-        loss, reward = c2f_loss(model, features, ["0", "1"], cider=cider, vocab=vocab, samples=8, max_length=4)
+        loss, reward = c2f_loss(model, features, ["0", "1"], cider=cider, vocab=vocab, samples=8, max_length=4,
+                                baseline=baseline)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         rewards.append(reward)
     assert np.mean(rewards[-20:]) > np.mean(rewards[:10]) + 0.5
+
+
+def test_the_mean_baseline_leaves_each_image_only_the_inter_stage_term():
+    rewards = np.array([[0.2, 0.4, 0.9, 0.1, 0.1, 0.4],  # stage 1: image A's 3 samples, then image B's
+                        [0.3, 0.6, 0.9, 0.2, 0.0, 0.7]])  # stage 2
+    baselines = leave_one_out_mean(rewards.reshape(2, 2, 3)).reshape(2, 6)
+    np.testing.assert_allclose(baselines[0, :3], [0.65, 0.55, 0.3])
+    advantage = stage_advantages(rewards, baselines).reshape(2, 2, 3)
+    np.testing.assert_allclose(advantage[0].sum(-1), 0, atol=1e-12)
+    np.testing.assert_allclose(advantage[1].sum(-1), (rewards[1] - rewards[0]).reshape(2, 3).sum(-1))
