@@ -92,6 +92,18 @@ def test_a_killed_run_resumes_from_its_last_epoch(tmp_path):
 
 
 @pytest.mark.slow
+def test_resuming_from_weights_without_training_state_is_one_line(tiny_run, tmp_path):
+    import shutil
+
+    run = shutil.copytree(tiny_run, tmp_path / "run")
+    shutil.copy(run / "best.pt", run / "last.pt")
+    before = (run / "last.pt").read_bytes()
+    code, output = invoke("train", "--out", str(run), "--resume")
+    assert code == 2 and "training state" in output and "last.pt" in output and len(output.strip().splitlines()) == 1
+    assert (run / "last.pt").read_bytes() == before
+
+
+@pytest.mark.slow
 def test_a_second_train_into_the_same_run_is_refused(tiny_run):
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(tiny_run))
     assert code == 2 and "--resume" in output

@@ -333,6 +333,9 @@ def run_spec(*, run_dir: Path, spec: RunSpec, resume: bool) -> RunSpec:
     if resume:
         if not (run_dir / "last.pt").exists():
             raise ModelError(f"{run_dir}: nothing to resume (no last.pt); drop --resume to start a new run")
+        if "train_state" not in read_checkpoint(run_dir / "last.pt"):
+            raise ModelError(f"{run_dir / 'last.pt'}: weights without training state (a best.pt copy?), so it "
+                             "cannot be resumed; put the run's own last.pt back or start a new run with --out")
         saved = json.loads((run_dir / "config.json").read_text())
         return RunSpec(saved["model_id"], saved["data"], EncoderConfig(**saved["encoder"]),
                        TrainConfig(**saved["train"]), saved["model"])
