@@ -237,6 +237,12 @@ def export_model(
                    f"on {q['heldout_images']} held-out photos; layers kept fp32: "
                    f"{sum(len(q[g]['kept_fp32']) for g in ('encoder', 'step'))}; ORT CPU speed-up encoder "
                    f"{q['encoder']['ort_cpu_speedup']:.2f}x, step {q['step']['ort_cpu_speedup']:.2f}x")
+        if not q["threshold_met"]:
+            hint = " or --calib-method entropy (it passed Stack-Captioning's gate where max failed)" \
+                if q["method"] == "max" else ""
+            typer.echo(f"warning: int8 |ΔCIDEr| is above --calib-max-delta {q['threshold']} even with "
+                       f"{q['layers_tried']} layers kept fp32; expect `edgecap parity --precision int8` to fail. "
+                       f"Try more --calib-images{hint}.")
     typer.echo(f"exported {manifest.model_id} to {out} ({', '.join(manifest.graphs)})")
     if trt:
         _build_trt(out, manifest, precisions, engine_options)
