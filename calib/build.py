@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 from edgecap.calib.feeds import CALIB_DIR, load_encoder_feeds, load_step_feeds, record_feeds
-from edgecap.calib.quantize import SCHEMES, QdqGraph, discrete_choice_layers
+from edgecap.calib.quantize import SCHEMES, QdqGraph, activation_matmuls, discrete_choice_layers
 from edgecap.calib.ranges import METHODS, cache_path, compute_ranges
 from edgecap.calib.sensitivity import CaptionScorer, compare, keep_sensitive_layers
 from edgecap.runtime.backends.ort import cpu_session
@@ -109,8 +109,9 @@ def add_int8(directory: Path, manifest: Manifest, records: Sequence[ImageRecord]
         cache = cache_path(directory / CALIB_DIR, name, method, [sources[name], npz])
         ranges = compute_ranges(sources[name], feeds[name], method=method, cache=cache)
         ops = tuple(chosen_ops[name]) if chosen_ops[name] else None
+        always_fp32 = (*discrete_choice_layers(sources[name], ops), *activation_matmuls(sources[name]))
         graphs[name] = QdqGraph(name, sources[name], directory / f"{name}.int8.onnx", ranges, ops, scheme,
-                                tuple(discrete_choice_layers(sources[name], ops)))
+                                always_fp32)
     scorer = CaptionScorer(directory, manifest, heldout, beam_size=beam_size)
     proxy = {name: f[::max(1, len(f) // PROXY_FEEDS)][:PROXY_FEEDS] for name, f in feeds.items()}  # spread out
     found = keep_sensitive_layers(graphs, scorer, proxy,
@@ -135,7 +136,8 @@ def add_int8(directory: Path, manifest: Manifest, records: Sequence[ImageRecord]
             "file": graph.target.name, "ort_cpu_fp32_ms": round(fp32_ms, 4), "ort_cpu_int8_ms": round(int8_ms, 4),
             "ort_cpu_speedup": round(fp32_ms / int8_ms, 3),
             "op_types": list(graph.op_types) if graph.op_types else "all", "kept_fp32": found.kept_fp32[name],
-            "discrete_choice_fp32": list(graph.always_fp32),
+            "discrete_choice_fp32": discrete_choice_layers(graph.source, graph.op_types),
+            "activation_matmuls_fp32": activation_matmuls(graph.source),
         }
     files = {name: graph.target.name for name, graph in graphs.items()}
     updated = replace(manifest, graphs={**manifest.graphs, "int8": files}, quantization=quantization)

@@ -189,3 +189,18 @@ def test_layers_that_only_rank_a_discrete_choice_stay_fp32(tmp_path):
     assert quantizable_layers(model) == ["head", "proj"]
     assert discrete_choice_layers(model) == ["head"]  # its float values reach outputs only through TopK's indices
     assert discrete_choice_layers(model, ["Conv"]) == []
+
+
+def test_matmuls_of_two_activations_stay_fp32(tmp_path):
+    import onnx
+    from edgecap.calib.quantize import activation_matmuls
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["q"], name="project"),
+             helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0], name="transpose"),
+             helper.make_node("MatMul", ["q", "xt"], ["scores"], name="scores")]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [2, 2])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "a.onnx"))
+    assert activation_matmuls(tmp_path / "a.onnx") == ["scores"]
