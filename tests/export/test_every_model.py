@@ -12,6 +12,13 @@ from edgecap.models import MODELS
 from tests.test_cli import invoke
 
 
+def _interface(path):
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return [v.name for v in graph.input], [v.name for v in graph.output]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model_id", sorted(set(MODELS) - {"sat"}))
 def test_model_trains_exports_and_passes_fp32_parity(model_id, tmp_path):
@@ -22,6 +29,8 @@ def test_model_trains_exports_and_passes_fp32_parity(model_id, tmp_path):
     code, output = invoke("export", str(run), "--out", str(exported), "--precision", "fp32,fp16")
     assert code == 0, output
     assert json.loads((exported / "edgecap.json").read_text())["model_id"] == model_id
+    for graph in ("encoder", "step"):  # the runtime feeds every precision the same named tensors
+        assert _interface(exported / f"{graph}.fp16.onnx") == _interface(exported / f"{graph}.onnx")
     code, output = invoke("parity", str(exported), "--data", "shapes", "--split", "test", "--max-images", "24",
                           "--json", str(tmp_path / "parity.json"))
     assert code == 0, output
