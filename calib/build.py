@@ -70,8 +70,8 @@ def _rows(feed: dict[str, np.ndarray], n: int, batched: Sequence[str]) -> dict[s
     return out
 
 
-def _split(records: Sequence[ImageRecord], calibration: int, heldout: int,
-           seed: int) -> tuple[list[ImageRecord], list[ImageRecord]]:
+def split_records(records: Sequence[ImageRecord], calibration: int, heldout: int,
+                  seed: int) -> tuple[list[ImageRecord], list[ImageRecord]]:
     """Disjoint calibration and held-out records drawn at random (``seed``); shares kept when records are few."""
     if len(records) < 2:
         raise ValueError(f"INT8 calibration needs at least 2 records (calibration + held out), got {len(records)}")
@@ -98,7 +98,7 @@ def add_int8(directory: Path, manifest: Manifest, records: Sequence[ImageRecord]
     if scheme not in SCHEMES:
         raise ValueError(f"INT8 scheme {scheme!r}: expected one of {', '.join(SCHEMES)}")
     began = time.perf_counter()
-    calibration, heldout = _split(records, calibration_images, heldout_images, seed)
+    calibration, heldout = split_records(records, calibration_images, heldout_images, seed)
     encoder_npz, step_npz = record_feeds(directory, manifest, calibration, beam_size=beam_size, max_rows=step_rows,
                                          seed=seed, progress=progress)
     feeds = {"encoder": load_encoder_feeds(encoder_npz), "step": load_step_feeds(step_npz)}
