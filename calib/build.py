@@ -104,14 +104,15 @@ def add_int8(directory: Path, manifest: Manifest, records: Sequence[ImageRecord]
     feeds = {"encoder": load_encoder_feeds(encoder_npz), "step": load_step_feeds(step_npz)}
     sources = dict(zip(GRAPHS, manifest.graph_files(directory, "fp32"), strict=True))
     chosen_ops = {**DEFAULT_OP_TYPES, **(op_types or {})}
-    graphs = {}
+    graphs, fp32_rules = {}, {}
     for name, npz in (("encoder", encoder_npz), ("step", step_npz)):
         cache = cache_path(directory / CALIB_DIR, name, method, [sources[name], npz])
         ranges = compute_ranges(sources[name], feeds[name], method=method, cache=cache)
         ops = tuple(chosen_ops[name]) if chosen_ops[name] else None
-        always_fp32 = (*discrete_choice_layers(sources[name], ops), *activation_matmuls(sources[name]))
+        fp32_rules[name] = {"discrete_choice_fp32": discrete_choice_layers(sources[name], ops),
+                            "activation_matmuls_fp32": activation_matmuls(sources[name])}
         graphs[name] = QdqGraph(name, sources[name], directory / f"{name}.int8.onnx", ranges, ops, scheme,
-                                always_fp32)
+                                tuple(layer for layers in fp32_rules[name].values() for layer in layers))
     scorer = CaptionScorer(directory, manifest, heldout, beam_size=beam_size)
     proxy = {name: f[::max(1, len(f) // PROXY_FEEDS)][:PROXY_FEEDS] for name, f in feeds.items()}  # spread out
     found = keep_sensitive_layers(graphs, scorer, proxy,
@@ -136,8 +137,7 @@ def add_int8(directory: Path, manifest: Manifest, records: Sequence[ImageRecord]
             "file": graph.target.name, "ort_cpu_fp32_ms": round(fp32_ms, 4), "ort_cpu_int8_ms": round(int8_ms, 4),
             "ort_cpu_speedup": round(fp32_ms / int8_ms, 3),
             "op_types": list(graph.op_types) if graph.op_types else "all", "kept_fp32": found.kept_fp32[name],
-            "discrete_choice_fp32": discrete_choice_layers(graph.source, graph.op_types),
-            "activation_matmuls_fp32": activation_matmuls(graph.source),
+            **fp32_rules[name],
         }
     files = {name: graph.target.name for name, graph in graphs.items()}
     updated = replace(manifest, graphs={**manifest.graphs, "int8": files}, quantization=quantization)

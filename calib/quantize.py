@@ -30,7 +30,10 @@ def quantizable_layers(model: Path, op_types: Sequence[str] | None = None) -> li
     """Names of the weighted nodes (constant second input) that quantising with ``op_types`` touches, in order."""
     import onnx
 
-    graph = onnx.load(str(model), load_external_data=False).graph
+    return _layers(onnx.load(str(model), load_external_data=False).graph, op_types)
+
+
+def _layers(graph, op_types: Sequence[str] | None) -> list[str]:
     constants = _constants(graph)
     wanted = set(LAYER_OPS) & set(op_types) if op_types else set(LAYER_OPS)
     return [n.name for n in graph.node if n.op_type in wanted and len(n.input) > 1 and n.input[1] in constants]
@@ -86,7 +89,7 @@ def discrete_choice_layers(model: Path, op_types: Sequence[str] | None = None) -
             todo += [out for consumer in consumers.get(tensor, []) for out in consumer.output]
         return False
 
-    candidates = set(quantizable_layers(model, op_types))
+    candidates = set(_layers(graph, op_types))
     return [n.name for n in graph.node if n.name in candidates and not reaches_float_output(n)]
 
 

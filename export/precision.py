@@ -9,6 +9,7 @@ fp16 rounding would accumulate over a caption.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -36,17 +37,17 @@ def write_fp16(source: Path, target: Path, *, fp32_outputs: Iterable[str] = ()) 
     import onnx
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    original = onnx.load(str(source))
     model = OnnxModel(onnx.load(str(source)))
+    source_inputs = copy.deepcopy(list(model.model.graph.input))
     keep = cell_state_nodes(model.model, fp32_outputs)
     model.convert_float_to_float16(keep_io_types=True, op_block_list=list(FP32_OPS), node_block_list=keep)
     model.topological_sort()  # the converter appends its input casts after their consumers
-    restore_pruned_inputs(original.graph, model.model.graph)
+    restore_pruned_inputs(source_inputs, model.model.graph)
     onnx.checker.check_model(model.model)
     onnx.save(model.model, str(target))
 
 
-def restore_pruned_inputs(source_graph, converted_graph) -> None:
+def restore_pruned_inputs(source_inputs: Iterable, converted_graph) -> None:
     """Put back, in their original order, the graph inputs a converter dropped because no node reads them.
 
     The runtime feeds every precision the same named tensors (GLIED's step takes ``memory.attribute_ids``
@@ -54,7 +55,7 @@ def restore_pruned_inputs(source_graph, converted_graph) -> None:
     uses), so a precision's graph must keep the fp32 graph's inputs even when one is unused.
     """
     kept = {value.name: value for value in converted_graph.input}
-    inputs = [kept.get(value.name, value) for value in source_graph.input]
+    inputs = [kept.get(value.name, value) for value in source_inputs]
     del converted_graph.input[:]
     converted_graph.input.extend(inputs)
 

@@ -9,11 +9,11 @@ rewarded for improving on its predecessor:
     Δr(w^i) = [r(w^i) - r(ŵ^i)] + [r(w^i) - r(w^{i-1})]    for i >= 2
 
 ``baseline="greedy"`` is the paper's r(ŵ^i). The default ``"mean"`` puts in its place the mean reward of
-the other samples of the same image and stage (as SCST's default does): measured at the 4-epoch Flickr8k XE
-Stack-Captioning checkpoint, temperature-1 samples score CIDEr-D 8-10 per stage against greedy decodes' 34-40,
-so with the greedy baseline nearly every sample gets an advantage near -25. Such a gradient only pushes sampled
-words down; one epoch of it lowered dev CIDEr-D from 31.9 to 22.6 and left captions repeating
-("a man in a man ..."). The inter-stage term is eq. 15's in both cases.
+the other samples of the same image and stage (as SCST's default does), which is unbiased for the sample
+it scores: at the 4-epoch Flickr8k XE Stack-Captioning checkpoint, temperature-1 samples score CIDEr-D 8-10
+per stage against greedy decodes' 34-40, so greedy-baselined advantages sit near -25. The baseline did not
+decide that run, though: one epoch at 5e-5 lowered dev CIDEr-D with either baseline; 1e-5 held it over 40
+updates (``benchmarks/rl_probe.py``). The inter-stage term is eq. 15's in both cases.
 
 All stages share one time loop (``sample_captions(..., stages=True)``): at each step
 every stage draws its word from its own distribution and the last stage's word is fed
