@@ -3,8 +3,11 @@
 The calibrators run a copy of the graph with every float tensor exposed and reduce what they see to one range
 per tensor (``TensorsData``). Feeds go in one batch at a time, so memory stays bounded whatever the number of
 images (histograms and min/max are merged batch by batch). Ranges are cached as JSON in onnxruntime's own format
-(``save_tensors_data``) under a name that hashes the graph and the feeds, so a rebuild from the same files reuses
-them and a changed graph or feed set can never pick up stale ones.
+(``save_tensors_data``) under a name that hashes the graph, the feeds and the op types, so a rebuild from the
+same files reuses them and a changed graph or feed set can never pick up stale ones.
+
+Only the tensors of the op types being quantised are collected, as ``quantize_static`` itself calibrates: the
+other tensors get no Q/DQ, and some hold -inf (a decoder's attention mask), which the histogram methods cannot bin.
 """
 
 from __future__ import annotations
@@ -32,9 +35,13 @@ def calibration_method(method: str):
     return by_name[method]
 
 
-def cache_path(directory: Path, graph: str, method: str, sources: Sequence[Path]) -> Path:
-    """``DIR/GRAPH.METHOD.HASH.json``: the hash covers the bytes of ``sources`` (the graph and its feeds)."""
+def cache_path(directory: Path, graph: str, method: str, sources: Sequence[Path],
+               op_types: Sequence[str] | None = None) -> Path:
+    """``DIR/GRAPH.METHOD.HASH.json``: the hash covers the bytes of ``sources`` (the graph and its feeds) and the
+    op types calibrated (``None``: all)."""
     digest = hashlib.sha256(method.encode())
+    if op_types:
+        digest.update(",".join(op_types).encode())
     for source in sources:
         digest.update(Path(source).read_bytes())
     return directory / f"{graph}.{method}.{digest.hexdigest()[:12]}.json"
@@ -52,8 +59,9 @@ class _OneFeed:
 
 
 def compute_ranges(model: Path, feeds: Iterable[dict[str, np.ndarray]], *, method: str = "entropy",
-                   cache: Path | None = None):
-    """Per-tensor ranges (``onnxruntime.quantization.TensorsData``) of ``model`` over ``feeds``.
+                   op_types: Sequence[str] | None = None, cache: Path | None = None):
+    """Per-tensor ranges (``onnxruntime.quantization.TensorsData``) of ``model`` over ``feeds``, for the inputs and
+    outputs of ``op_types`` nodes (``None``: every float tensor).
 
     Loaded from ``cache`` when it exists, else computed and written there. Ranges are the raw ones the method
     selects; the quantizer makes them symmetric.
@@ -63,7 +71,8 @@ def compute_ranges(model: Path, feeds: Iterable[dict[str, np.ndarray]], *, metho
     if cache is not None and cache.is_file():
         return load_tensors_data(cache)
     with tempfile.TemporaryDirectory(prefix="edgecap-calib-") as tmp:
-        calibrator = create_calibrator(Path(model), augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+        calibrator = create_calibrator(Path(model), op_types_to_calibrate=list(op_types) if op_types else None,
+                                       augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                                        calibrate_method=calibration_method(method))
         collected = 0
         with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print progress per batch

@@ -111,16 +111,26 @@ class Sensitivity:
 
 
 def keep_sensitive_layers(graphs: Mapping[str, QdqGraph], scorer: CaptionScorer,
-                          proxy_feeds: Mapping[str, Sequence[dict[str, np.ndarray]]], *, threshold: float = 1.0,
-                          max_layers: int = 12, progress: bool = True) -> Sensitivity:
-    """Write ``graphs["encoder"].target`` and ``graphs["step"].target`` with the fewest fp32 layers tried that
-    keep |ΔCIDEr| <= ``threshold`` (a negative threshold is never met: every tried layer stays fp32)."""
-    encoder, step = graphs["encoder"], graphs["step"]
-    fp32 = scorer.scores(encoder.source, step.source)
+                          proxy_feeds: Mapping[str, Sequence[dict[str, np.ndarray]]], *,
+                          fixed: Mapping[str, Path] | None = None, threshold: float = 1.0, max_layers: int = 12,
+                          progress: bool = True) -> Sensitivity:
+    """Write the ``target`` of each of ``graphs`` with the fewest fp32 layers tried that keep |ΔCIDEr| <= ``threshold``
+    (a negative threshold is never met: every tried layer stays fp32).
+
+    ``graphs`` holds the graphs being quantised (encoder, step or both); ``fixed`` names the file used for each
+    graph left out of INT8. The baseline is always the fp32 pair.
+    """
+    fixed = dict(fixed or {})
+
+    def trial() -> np.ndarray:
+        files = {**fixed, **{name: graph.target for name, graph in graphs.items()}}
+        return scorer.scores(files["encoder"], files["step"])
+
+    fp32 = scorer.scores(*scorer.manifest.graph_files(scorer.directory, "fp32"))
     kept: dict[str, list[str]] = {name: [] for name in graphs}
     for graph in graphs.values():
         graph.write()
-    int8 = all_int8 = scorer.scores(encoder.target, step.target)
+    int8 = all_int8 = trial()
     if abs(compare(fp32, int8)[0]) <= threshold:
         return Sensitivity(kept, fp32, int8, all_int8, threshold, True, 0)
     ranked = sorted(((gain, name, layer) for name, graph in graphs.items()
@@ -133,7 +143,7 @@ def keep_sensitive_layers(graphs: Mapping[str, QdqGraph], scorer: CaptionScorer,
         kept[name].append(layer)
         graphs[name].write(kept[name])
         tried += 1
-        int8 = scorer.scores(encoder.target, step.target)
+        int8 = trial()
         if abs(compare(fp32, int8)[0]) <= threshold:
             return Sensitivity(kept, fp32, int8, all_int8, threshold, True, tried)
     return Sensitivity(kept, fp32, int8, all_int8, threshold, False, tried)

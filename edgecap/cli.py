@@ -54,6 +54,11 @@ class CalibMethod(str, Enum):
     percentile = "percentile"
 
 
+class Graph(str, Enum):
+    encoder = "encoder"
+    step = "step"
+
+
 class Int8Scheme(str, Enum):
     tensorrt = "tensorrt"
     ort_cpu = "ort-cpu"
@@ -190,6 +195,9 @@ def export_model(
     int8_scheme: Annotated[Int8Scheme, typer.Option(help="INT8: tensorrt (symmetric, what TensorRT builds) or "
                                                          "ort-cpu (uint8 activations, fast on x86 ONNX Runtime)")]
     = Int8Scheme.tensorrt,
+    int8_graphs: Annotated[str, typer.Option(help="INT8: graphs to quantise, comma-separated: encoder,step; one "
+                                                  "left out runs fp16 (fp32 if not exported) in the int8 set")]
+    = "encoder,step",
     trt: Annotated[bool, typer.Option("--trt", help="Also build TensorRT engines of these precisions (NVIDIA GPU); "
                                                     "with an export directory as RUN: engines only, no torch")]
     = False,
@@ -198,6 +206,7 @@ def export_model(
 ) -> None:
     """Export the encoder and single-step decoder to ONNX, validated against PyTorch; --trt builds engines."""
     precisions = parse_list(precision, Precision, "--precision")
+    quantize = parse_list(int8_graphs, Graph, "--int8-graphs")
     if trt:
         from edgecap.runtime.backends.trt_cuda import require_tensorrt
         from edgecap.runtime.engines import EngineOptions
@@ -231,21 +240,34 @@ def export_model(
 
         manifest = add_int8(out, manifest, calibration, method=calib_method.value, scheme=int8_scheme.value,
                             calibration_images=calib_images, heldout_images=calib_heldout,
-                            threshold=calib_max_delta)
-        q = manifest.quantization
-        typer.echo(f"int8 ({q['scheme']}, {q['method']}): ΔCIDEr {q['delta_cider']:+.2f} ± {q['delta_cider_se']:.2f} "
-                   f"on {q['heldout_images']} held-out photos; layers kept fp32: "
-                   f"{sum(len(q[g]['kept_fp32']) for g in ('encoder', 'step'))}; ORT CPU speed-up encoder "
-                   f"{q['encoder']['ort_cpu_speedup']:.2f}x, step {q['step']['ort_cpu_speedup']:.2f}x")
-        if not q["threshold_met"]:
-            hint = " or --calib-method entropy (it passed Stack-Captioning's gate where max failed)" \
-                if q["method"] == "max" else ""
-            typer.echo(f"warning: int8 |ΔCIDEr| is above --calib-max-delta {q['threshold']} even with "
-                       f"{q['layers_tried']} layers kept fp32; expect `edgecap parity --precision int8` to fail. "
-                       f"Try more --calib-images{hint}.")
+                            threshold=calib_max_delta, quantize=quantize)
+        for line in _int8_summary(manifest.quantization):
+            typer.echo(line)
     typer.echo(f"exported {manifest.model_id} to {out} ({', '.join(manifest.graphs)})")
     if trt:
         _build_trt(out, manifest, precisions, engine_options)
+
+
+def _int8_summary(q: dict) -> list[str]:
+    """What calibration measured, per graph, and a warning naming the next options when it missed its threshold."""
+    graphs = []
+    for graph in ("encoder", "step"):
+        g = q[graph]
+        graphs.append(f"{graph} {g['ort_cpu_speedup']:.2f}x ORT CPU, {len(g['kept_fp32'])} layers kept fp32"
+                      if g["quantized"] else f"{graph} not quantised ({g['file']})")
+    lines = [f"int8 ({q['scheme']}, {q['method']}): ΔCIDEr {q['delta_cider']:+.2f} ± {q['delta_cider_se']:.2f} "
+             f"on {q['heldout_images']} held-out photos; {'; '.join(graphs)}"]
+    if not q["threshold_met"]:
+        hints = ["more --calib-images"]
+        if q["method"] == "max":
+            hints.append("--calib-method entropy (it passed Stack-Captioning's gate where max failed)")
+        if q["encoder"]["quantized"] and q["step"]["quantized"]:
+            hints.append("--int8-graphs step (an INT8 step beside the fp16 encoder; "
+                         "benchmarks/int8_by_graph.py shows which graph costs the captions)")
+        lines.append(f"warning: int8 |ΔCIDEr| is above --calib-max-delta {q['threshold']} even with "
+                     f"{q['layers_tried']} layers kept fp32; expect `edgecap parity --precision int8` to fail. "
+                     f"Try {', or '.join(hints)}.")
+    return lines
 
 
 def _build_trt(directory: Path, manifest, precisions: list[str], options) -> None:

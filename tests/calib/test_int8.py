@@ -103,6 +103,7 @@ def test_ort_cpu_scheme_writes_uint8_activations_that_caption(int8_export, tmp_p
 
 @pytest.mark.slow
 def test_saved_feeds_reproduce_the_ranges(int8_export):
+    from edgecap.calib.build import DEFAULT_OP_TYPES
     from edgecap.calib.feeds import load_encoder_feeds, load_step_feeds
     from edgecap.calib.ranges import compute_ranges
     from edgecap.runtime.backends.ort import OrtBackend
@@ -119,7 +120,8 @@ def test_saved_feeds_reproduce_the_ranges(int8_export):
     for graph in ("encoder", "step"):
         [cached] = calib.glob(f"{graph}.max.*.json")
         saved = load_tensors_data(cached)
-        again = compute_ranges(int8_export / f"{graph}.onnx", feeds[graph], method="max")
+        again = compute_ranges(int8_export / f"{graph}.onnx", feeds[graph], method="max",
+                               op_types=DEFAULT_OP_TYPES[graph])
         assert set(again.data) == set(saved.data)
         for name, data in again.data.items():
             np.testing.assert_array_equal(data.range_value, saved.data[name].range_value, err_msg=name)
@@ -149,6 +151,64 @@ def test_an_impossible_threshold_keeps_layers_fp32_and_says_so(tiny_export, tmp_
                 assert producer.get(node.input[1]) != "DequantizeLinear", node.name  # its weights stayed float
     assert manifest.graphs["int8"] == {"encoder": "encoder.int8.onnx", "step": "step.int8.onnx"}
     assert Manifest.read(directory) == manifest
+
+
+@pytest.mark.slow
+def test_int8_step_alone_runs_beside_the_fp16_encoder(tiny_export, tmp_path):
+    from edgecap.runtime.manifest import Manifest
+    from edgecap.runtime.pipeline import Captioner
+    from edgecap.runtime.search import SearchOptions
+
+    from edgecap.preprocess import SAMPLE_IMAGES, load_images
+    from tests.test_cli import invoke
+
+    directory = tmp_path / "exp"
+    code, output = invoke("export", str(tiny_export / "run"), "--out", str(directory), "--precision",
+                          "fp32,fp16,int8", "--calib-data", "shapes", "--calib-images", "48", "--calib-heldout", "24",
+                          "--calib-max-delta", "100", "--int8-graphs", "step")
+    assert code == 0, output
+    assert "encoder not quantised (encoder.fp16.onnx)" in output
+    manifest = Manifest.read(directory)
+    assert manifest.graphs["int8"] == {"encoder": "encoder.fp16.onnx", "step": "step.int8.onnx"}
+    assert manifest.quantization["encoder"] == {"file": "encoder.fp16.onnx", "quantized": False}
+    assert manifest.quantization["step"]["quantized"] is True
+    assert not (directory / "encoder.int8.onnx").exists()
+    captioner = Captioner.from_dir(directory, precision="int8")
+    pixels = load_images(sorted(SAMPLE_IMAGES.glob("*.jpg")), captioner.prep)
+    assert all(h.tokens for h in captioner.search(pixels, SearchOptions(beam_size=3)))
+
+
+def test_int8_graphs_option_rejects_unknown_graphs(tmp_path):
+    from tests.test_cli import invoke
+
+    code, output = invoke("export", "--out", str(tmp_path / "exp"), "--precision", "fp32,int8", "--calib-data",
+                          "shapes", "--int8-graphs", "decoder")
+    assert code == 2 and "--int8-graphs 'decoder'" in output and not (tmp_path / "exp").exists()
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile"])
+def test_histogram_ranges_skip_masked_tensors_that_are_not_quantised(tmp_path, method):
+    import onnx
+    from edgecap.calib.ranges import compute_ranges
+    from onnx import TensorProto, helper, numpy_helper
+
+    # scores -> Where(mask, scores, -inf) -> Softmax -> MatMul: a decoder's masked attention over a static cache
+    initializers = [numpy_helper.from_array(np.array(-np.inf, np.float32), "neg_inf"),
+                    numpy_helper.from_array(np.ones((4, 3), np.float32), "w")]
+    nodes = [helper.make_node("Where", ["mask", "scores", "neg_inf"], ["masked"], name="mask"),
+             helper.make_node("Softmax", ["masked"], ["weights"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["weights", "w"], ["out"], name="project")]
+    graph = helper.make_graph(nodes, "masked", [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [2, 4]),
+                                                helper.make_tensor_value_info("mask", TensorProto.BOOL, [2, 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])], initializers)
+    path = tmp_path / "masked.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    rng = np.random.default_rng(0)
+    mask = np.array([[1, 1, 0, 0], [1, 1, 1, 0]], bool)
+    feeds = [{"scores": rng.normal(size=(2, 4)).astype(np.float32), "mask": mask} for _ in range(3)]
+    ranges = compute_ranges(path, feeds, method=method, op_types=("MatMul",))
+    assert "masked" not in ranges.data and {"weights", "out"} <= set(ranges.data)
+    assert all(np.isfinite(np.asarray(data.range_value, np.float64)).all() for data in ranges.data.values())
 
 
 def test_calib_imports_no_torch():
