@@ -76,6 +76,7 @@ class ParityResult:
     differing: list[dict]  # image id, reference caption, candidate caption (the first few)
     threshold: Threshold
     failures: list[str] = field(default_factory=list)
+    graphs: dict[str, str] = field(default_factory=dict)  # graph -> the ONNX file of this precision set checked
 
     @property
     def passed(self) -> bool:
@@ -186,4 +187,5 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
                         n_images=len(records), identical_rate=identical, delta_cider=delta,
                         delta_cider_ci95=(100 * low, 100 * high), reference=scores["reference"],
                         candidate=scores["candidate"], steps=stats.result(), first_divergence=dict(divergence),
-                        differing=differing, threshold=threshold, failures=failures)
+                        differing=differing, threshold=threshold, failures=failures,
+                        graphs=dict(manifest.graphs[precision]))

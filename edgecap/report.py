@@ -43,6 +43,7 @@ def parity_json(result: ParityResult) -> dict:
         "n_images": result.n_images,
         "backend": result.backend,
         "precision": result.precision,
+        "graphs": result.graphs,
         "split": result.split,
         "beam": result.beam_size,
         "thresholds": {"max_abs_delta_cider": result.threshold.max_delta_cider,
@@ -64,7 +65,8 @@ def parity_markdown(result: ParityResult) -> str:
         f"- identical captions: {100 * result.identical_rate:.1f}% "
         f"(threshold {100 * result.threshold.min_identical_rate:.0f}%)",
         f"- ΔCIDEr: {result.delta_cider:+.2f} (95% CI {low:+.2f} .. {high:+.2f}; "
-        f"threshold ±{result.threshold.max_delta_cider})", "",
+        f"threshold ±{result.threshold.max_delta_cider})",
+        f"- graphs: {', '.join(f'{graph} `{file}`' for graph, file in result.graphs.items())}", "",
         "| metric | PyTorch | candidate | Δ |", "|---|---|---|---|",
     ]
     for name in ("Bleu_4", "METEOR", "ROUGE_L", "CIDEr"):

@@ -143,8 +143,9 @@ def graph_problems(path: Path, precision: str) -> list[str]:
 
 def check_for_tensorrt(directory: Path, manifest: Manifest, precisions: Iterable[str]) -> None:
     """Raise one ModelError line listing what TensorRT would refuse in the graphs of ``precisions``."""
-    problems = [p for precision in precisions for path in manifest.graph_files(directory, precision)
-                for p in graph_problems(path, precision)]
+    problems = [p for precision in precisions
+                for graph, path in zip(("encoder", "step"), manifest.graph_files(directory, precision), strict=True)
+                for p in graph_problems(path, manifest.stored_precision(precision, graph))]
     if problems:
         more = f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
         raise ModelError(f"{directory}: not buildable by TensorRT as typed: {'; '.join(problems[:SHOWN])}{more}")

@@ -85,6 +85,12 @@ class Manifest:
                 raise ModelError(f"{file}: missing from the export directory; re-run `edgecap export`")
         return files
 
+    def stored_precision(self, precision: str, graph: str) -> str:
+        """The precision ``graph``'s file in the ``precision`` set is stored in: the set's own, except a graph that
+        INT8 export left unquantised, which is the fp16 (or fp32) file."""
+        file = self.graphs[precision][graph]
+        return next((p for p in ("fp32", "fp16", "int8") if self.graphs.get(p, {}).get(graph) == file), precision)
+
 
 def file_sha256(path: Path) -> str:
     """Hex sha256 of a file, read in 1 MiB blocks: the digests manifests record for checkpoints and graphs."""

@@ -20,6 +20,7 @@ def test_fp32_export_passes_parity_with_the_design_fields(tiny_export, tmp_path)
     assert code == 0, output
     report = json.loads((tmp_path / "p.json").read_text())
     assert report["passed"] is True and report["n_images"] == 24
+    assert report["graphs"] == {"encoder": "encoder.onnx", "step": "step.onnx"}
     assert report["identical_rate"] >= 0.99 and abs(report["delta_cider"]) <= 0.1
     low, high = report["delta_cider_ci95"]
     assert low <= report["delta_cider"] <= high
@@ -27,7 +28,7 @@ def test_fp32_export_passes_parity_with_the_design_fields(tiny_export, tmp_path)
     steps = report["teacher_forced_steps"]
     assert steps[0]["rows"] == 24 and all(s["max_abs_delta_logprob"] < 1e-3 for s in steps)
     assert (tiny_export / "exp" / "reports" / "parity-ort-fp32.json").is_file()
-    assert "PASS" in (tmp_path / "p.md").read_text()
+    assert "PASS" in (tmp_path / "p.md").read_text() and "step `step.onnx`" in (tmp_path / "p.md").read_text()
 
 
 @pytest.mark.slow

@@ -155,6 +155,7 @@ def test_an_impossible_threshold_keeps_layers_fp32_and_says_so(tiny_export, tmp_
 
 @pytest.mark.slow
 def test_int8_step_alone_runs_beside_the_fp16_encoder(tiny_export, tmp_path):
+    from edgecap.export.trt_compat import check_for_tensorrt
     from edgecap.runtime.manifest import Manifest
     from edgecap.runtime.pipeline import Captioner
     from edgecap.runtime.search import SearchOptions
@@ -173,6 +174,8 @@ def test_int8_step_alone_runs_beside_the_fp16_encoder(tiny_export, tmp_path):
     assert manifest.quantization["encoder"] == {"file": "encoder.fp16.onnx", "quantized": False}
     assert manifest.quantization["step"]["quantized"] is True
     assert not (directory / "encoder.int8.onnx").exists()
+    assert manifest.stored_precision("int8", "encoder") == "fp16"
+    check_for_tensorrt(directory, manifest, ["int8"])  # what `export --trt` checks: the fp16 encoder passes as fp16
     captioner = Captioner.from_dir(directory, precision="int8")
     pixels = load_images(sorted(SAMPLE_IMAGES.glob("*.jpg")), captioner.prep)
     assert all(h.tokens for h in captioner.search(pixels, SearchOptions(beam_size=3)))
