@@ -47,22 +47,19 @@ def test_train_writes_a_complete_run_directory(tiny_run):
 
 @pytest.mark.slow
 def test_tiny_model_beats_the_best_constant_caption(tiny_run, tmp_path):
-    """Measured: ~2.7x the best constant caption's CIDEr-D after 600 XE steps + 1 SCST epoch (issue target: 3x)."""
+    """600 XE steps + 1 SCST epoch (the suite's budget) give ~2.7x; `benchmarks/shapes_target.py` measures the
+    issue's 3x with 1,500 steps."""
     from edgecap.data import load_dataset
-    from edgecap.training.cider import CiderD
+    from edgecap.training.cider import best_constant_cider
     from edgecap.training.data import tokenised_references
 
     code, output = invoke("eval", str(tiny_run), "--data", "shapes", "--split", "test", "--beam", "3",
                           "--json", str(tmp_path / "eval.json"))
     assert code == 0, output
     model_cider = json.loads((tmp_path / "eval.json").read_text())["metrics"]["CIDEr"]
-    records = load_dataset("shapes").split("test")
-    cider = CiderD(tokenised_references(records))
-    ids = [r.image_id for r in records]
     train = load_dataset("shapes").split("train")[:100]
-    constants = sorted({" ".join(c) for refs in tokenised_references(train).values() for c in refs})
-    scores = cider.score([i for _ in constants for i in ids], [c.split() for c in constants for _ in ids])
-    best_constant = float(scores.reshape(len(constants), len(ids)).mean(axis=1).max())
+    constants = sorted({tuple(c) for refs in tokenised_references(train).values() for c in refs})
+    best_constant = best_constant_cider(tokenised_references(load_dataset("shapes").split("test")), constants)
     assert model_cider >= 2 * best_constant, (model_cider, best_constant)
 
 

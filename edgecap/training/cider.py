@@ -138,3 +138,17 @@ def corpus_cider(references: Mapping[str, Sequence[Sequence[str]]], candidates: 
         raise ValueError("corpus_cider needs at least one candidate")
     image_ids = list(candidates)
     return float(CiderD(references).score(image_ids, [candidates[i] for i in image_ids]).mean())
+
+
+def best_constant_cider(references: Mapping[str, Sequence[Sequence[str]]],
+                        constants: Sequence[Sequence[str]]) -> float:
+    """The highest mean CIDEr-D (raw scale) that one of ``constants``, given to every image, scores.
+
+    The floor a captioner must clear to show it looks at the image at all.
+    """
+    if not constants:
+        raise ValueError("best_constant_cider needs at least one constant caption")
+    image_ids = list(references)
+    scores = CiderD(references).score([i for _ in constants for i in image_ids],
+                                      [list(c) for c in constants for _ in image_ids])
+    return float(scores.reshape(len(constants), len(image_ids)).mean(axis=1).max())
