@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Everything a trained run must show before it is reported: dev scores, export at every precision,
 # parity per precision on the dev split, and the ORT vs PyTorch bench.
-# Usage: benchmarks/verify_run.sh RUN_DIR EXPORT_DIR DATA_SPEC [CALIB_METHOD]
-#        (e.g. flickr8k:../shared/data/flickr8k; CALIB_METHOD max (default), entropy or percentile)
+# Usage: benchmarks/verify_run.sh RUN_DIR EXPORT_DIR DATA_SPEC [CALIB_METHOD] [INT8_GRAPHS]
+#        (e.g. flickr8k:../shared/data/flickr8k; CALIB_METHOD max (default), entropy or percentile;
+#        INT8_GRAPHS encoder,step (default) or step: the Transformers' INT8 step beside the fp16 encoder)
 # Writes EXPORT_DIR/reports/{eval.json,parity-*.json,parity-*.md,bench.json,bench.md}; prints each summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-run=$1 out=$2 data=$3 calib=${4:-max}
+run=$1 out=$2 data=$3 calib=${4:-max} int8_graphs=${5:-encoder,step}
 edgecap=${EDGECAP:-edgecap}
 mkdir -p "$out/reports"
 $edgecap eval "$run" --data "$data" --split dev --beam 3 --json "$out/reports/eval.json"
-$edgecap export "$run" --out "$out" --precision fp32,fp16,int8 --calib-data "$data" --calib-method "$calib"
+$edgecap export "$run" --out "$out" --precision fp32,fp16,int8 --calib-data "$data" --calib-method "$calib" \
+    --int8-graphs "$int8_graphs"
 for precision in fp32 fp16 int8; do
     $edgecap parity "$out" --data "$data" --split dev --precision "$precision" \
         --json "$out/reports/parity-$precision.json" --markdown "$out/reports/parity-$precision.md"
