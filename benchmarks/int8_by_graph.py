@@ -28,10 +28,10 @@ def main() -> None:
     scorer = CaptionScorer(args.export, manifest, heldout[:args.images])
     fp32, int8 = manifest.graph_files(args.export, "fp32"), manifest.graph_files(args.export, "int8")
     baseline = scorer.scores(*fp32)
-    for label, pair in (("int8 encoder, fp32 step", (int8[0], fp32[1])),
-                        ("fp32 encoder, int8 step", (fp32[0], int8[1]))):
+    for pair in ((int8[0], fp32[1]), (fp32[0], int8[1])):
         delta, stderr = compare(baseline, scorer.scores(*pair))
-        print(f"{args.export.name}: {label}: ΔCIDEr {delta:+.2f} ± {stderr:.2f} on {len(baseline)} held-out photos")
+        print(f"{args.export.name}: {pair[0].name} + {pair[1].name}: ΔCIDEr {delta:+.2f} ± {stderr:.2f} "
+              f"on {len(baseline)} held-out photos")
 
 
 if __name__ == "__main__":
