@@ -29,15 +29,15 @@ from pathlib import Path
 
 import numpy as np
 from edgecap.calib.feeds import CALIB_DIR, load_encoder_feeds, load_step_feeds, record_feeds
-from edgecap.calib.quantize import SCHEMES, QdqGraph, activation_matmuls, discrete_choice_layers
+from edgecap.calib.quantize import SCHEMES, QdqGraph, always_fp32_rules
 from edgecap.calib.ranges import METHODS, cache_path, compute_ranges
 from edgecap.calib.sensitivity import CaptionScorer, compare, keep_sensitive_layers
 from edgecap.runtime.backends.ort import cpu_session
+from edgecap.runtime.engines import GRAPHS
 from edgecap.runtime.manifest import Manifest
 
 from edgecap.data.records import ImageRecord
 
-GRAPHS = ("encoder", "step")
 # The step quantises only its weighted layers: Gather, TopK, Softmax and the elementwise cell would otherwise put
 # the beam's state, the attention output and the log-probs ranked by TopK through int8.
 DEFAULT_OP_TYPES: dict[str, tuple[str, ...] | None] = {"encoder": None, "step": ("Gemm", "MatMul")}
@@ -120,8 +120,7 @@ def add_int8(directory: Path, manifest: Manifest, records: Sequence[ImageRecord]
         ops = tuple(chosen_ops[name]) if chosen_ops[name] else None
         cache = cache_path(directory / CALIB_DIR, name, method, [sources[name], npz], ops)
         ranges = compute_ranges(sources[name], feeds[name], method=method, op_types=ops, cache=cache)
-        fp32_rules[name] = {"discrete_choice_fp32": discrete_choice_layers(sources[name], ops),
-                            "activation_matmuls_fp32": activation_matmuls(sources[name])}
+        fp32_rules[name] = always_fp32_rules(sources[name], ops)
         graphs[name] = QdqGraph(name, sources[name], directory / f"{name}.int8.onnx", ranges, ops, scheme,
                                 tuple(layer for layers in fp32_rules[name].values() for layer in layers))
     scorer = CaptionScorer(directory, manifest, heldout, beam_size=beam_size)

@@ -53,7 +53,10 @@ def activation_matmuls(model: Path) -> list[str]:
     """
     import onnx
 
-    graph = onnx.load(str(model), load_external_data=False).graph
+    return _activation_matmuls(onnx.load(str(model), load_external_data=False).graph)
+
+
+def _activation_matmuls(graph) -> list[str]:
     constants = _constants(graph)
     return [n.name for n in graph.node if n.op_type == "MatMul" and not any(i in constants for i in n.input)]
 
@@ -67,7 +70,13 @@ def discrete_choice_layers(model: Path, op_types: Sequence[str] | None = None) -
     """
     import onnx
 
-    graph = onnx.shape_inference.infer_shapes(onnx.load(str(model), load_external_data=False)).graph
+    return _discrete_choice_layers(onnx.shape_inference.infer_shapes(onnx.load(str(model), load_external_data=False))
+                                   .graph, op_types)
+
+
+def _discrete_choice_layers(graph, op_types: Sequence[str] | None) -> list[str]:
+    import onnx
+
     integer = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
                onnx.TensorProto.BOOL}
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.output, *graph.input]}
@@ -91,6 +100,15 @@ def discrete_choice_layers(model: Path, op_types: Sequence[str] | None = None) -
 
     candidates = set(_layers(graph, op_types))
     return [n.name for n in graph.node if n.name in candidates and not reaches_float_output(n)]
+
+
+def always_fp32_rules(model: Path, op_types: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """Both rules' nodes, named as the manifest records them, from one load and shape inference of ``model``."""
+    import onnx
+
+    graph = onnx.shape_inference.infer_shapes(onnx.load(str(model), load_external_data=False)).graph
+    return {"discrete_choice_fp32": _discrete_choice_layers(graph, op_types),
+            "activation_matmuls_fp32": _activation_matmuls(graph)}
 
 
 def write_qdq(source: Path, target: Path, ranges, *, exclude: Sequence[str] = (),

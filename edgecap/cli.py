@@ -250,8 +250,10 @@ def export_model(
 
 def _int8_summary(q: dict) -> list[str]:
     """What calibration measured, per graph, and a warning naming the next options when it missed its threshold."""
+    from edgecap.runtime.engines import GRAPHS
+
     graphs = []
-    for graph in ("encoder", "step"):
+    for graph in GRAPHS:
         g = q[graph]
         graphs.append(f"{graph} {g['ort_cpu_speedup']:.2f}x ORT CPU, {len(g['kept_fp32'])} layers kept fp32"
                       if g["quantized"] else f"{graph} not quantised ({g['file']})")

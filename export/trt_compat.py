@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+from edgecap.runtime.engines import GRAPHS
 from edgecap.runtime.manifest import Manifest
 
 from edgecap.errors import ModelError
@@ -144,7 +145,7 @@ def graph_problems(path: Path, precision: str) -> list[str]:
 def check_for_tensorrt(directory: Path, manifest: Manifest, precisions: Iterable[str]) -> None:
     """Raise one ModelError line listing what TensorRT would refuse in the graphs of ``precisions``."""
     problems = [p for precision in precisions
-                for graph, path in zip(("encoder", "step"), manifest.graph_files(directory, precision), strict=True)
+                for graph, path in zip(GRAPHS, manifest.graph_files(directory, precision), strict=True)
                 for p in graph_problems(path, manifest.stored_precision(precision, graph))]
     if problems:
         more = f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
