@@ -25,6 +25,8 @@ class EncoderConfig:
 class TrainConfig:
     batch_size: int = 64  # (image, caption) pairs per cross-entropy step
     lr: float = 4e-4  # AdamW peak learning rate (cross-entropy)
+    encoder_lr: float = 0.0  # peak rate of a trained encoder (0: lr); a pretrained one wants ~lr/10;
+    # self-critical training scales scst_lr by the same encoder_lr / lr
     weight_decay: float = 1e-4  # AdamW decoupled weight decay
     warmup_steps: int = 500  # linear warm-up, then cosine decay to lr/10 over `epochs`
     epochs: int = 20  # cross-entropy epochs at most (early stopping may end sooner)

@@ -225,3 +225,15 @@ def test_json_round_trip_and_validation():
         Preprocessing(image_size=0)
     with pytest.raises(ValueError, match="std"):
         Preprocessing(std=(0.2, 0.0, 0.2))
+
+
+def test_load_images_keeps_order_across_threads_and_names_a_bad_file(tmp_path):
+    paths = []
+    for i in range(24):
+        Image.new("RGB", (40, 30), (10 * i, 10 * i, 10 * i)).save(tmp_path / f"{i}.png")
+        paths.append(tmp_path / f"{i}.png")
+    batch = load_images(paths, PREP)
+    assert (np.diff(batch[:, 0, 0, 0]) > 0).all()  # row i holds image i
+    (tmp_path / "bad.jpg").write_text("not an image")
+    with pytest.raises(ImageError, match=r"bad\.jpg: not an image"):
+        load_images([*paths[:10], tmp_path / "bad.jpg", *paths[10:]], PREP)

@@ -78,8 +78,8 @@ def check_world_size(world_size: int, cfg: TrainConfig) -> None:
 def process_group() -> Iterator[Context]:
     """The Context of this process, with its process group joined for the block when launched as ranks."""
     world_size = world_size_from_env()
-    if world_size == 1:
-        yield Context()
+    if world_size == 1:  # one process trains on the GPU when there is one
+        yield Context(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         return
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():

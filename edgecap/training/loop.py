@@ -103,8 +103,19 @@ class Trainer:
         self.optimizer = self._optimizer(self.cfg.lr)
 
     def _optimizer(self, lr: float) -> torch.optim.Optimizer:
-        params = [p for p in self.captioner.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=lr, weight_decay=self.cfg.weight_decay)
+        """AdamW over the decoder and, when it trains, the encoder at ``encoder_lr / lr`` of the rate (its scale)."""
+        groups = [{"params": list(self.captioner.decoder.parameters()), "scale": 1.0}]
+        encoder = [p for p in self.captioner.encoder.parameters() if p.requires_grad]
+        if encoder:
+            scale = self.cfg.encoder_lr / self.cfg.lr if self.cfg.encoder_lr else 1.0
+            groups.append({"params": encoder, "scale": scale})
+        for group in groups:
+            group["lr"] = lr * group["scale"]
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=self.cfg.weight_decay)
+
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("scale", 1.0)
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def _payload(self, metrics: dict) -> dict:
@@ -126,8 +137,7 @@ class Trainer:
             self.optimizer = self._optimizer(self.cfg.scst_lr)
         self.optimizer.load_state_dict(train_state.pop("optimizer"))
         if train_state["phase"] == "scst":  # the self-critical rate is constant: take it from config.json
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.cfg.scst_lr
+            self._set_lr(self.cfg.scst_lr)
         self.state.update(train_state)
 
     def _load_weights(self, payload: dict) -> None:
@@ -210,8 +220,7 @@ class Trainer:
                 entropy = (out["entropy"] * mask).sum(1)
                 loss = (loss - ((seq_logprob - baseline) * location_logprob).sum() / n_rows
                         - cfg.hard_entropy * entropy.sum() / n_rows)
-            for group in self.optimizer.param_groups:
-                group["lr"] = cfg.lr * _lr_factor(self.state["step"], warmup=cfg.warmup_steps, total=total_steps)
+            self._set_lr(cfg.lr * _lr_factor(self.state["step"], warmup=cfg.warmup_steps, total=total_steps))
             self._update(loss)
             losses.append(distributed.global_sum(xe.detach()).item())
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.1e}")
