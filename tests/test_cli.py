@@ -101,6 +101,26 @@ def test_resuming_from_weights_without_training_state_is_one_line(tiny_run, tmp_
 
 
 @pytest.mark.slow
+def test_a_finished_run_continues_when_config_json_allows_more_epochs(tiny_run, tmp_path):
+    import shutil
+
+    run = shutil.copytree(tiny_run, tmp_path / "run")
+
+    def history() -> list[tuple[str, int]]:
+        return [(h["phase"], h["epoch"]) for h in map(json.loads, (run / "metrics.jsonl").open())]
+
+    code, output = invoke("train", "--out", str(run), "--resume")
+    assert code == 0, output
+    assert history() == [("xe", 1), ("xe", 2), ("scst", 1)]  # nothing left to do: nothing done
+    config = json.loads((run / "config.json").read_text())
+    config["train"]["scst_epochs"] = 2
+    (run / "config.json").write_text(json.dumps(config))
+    code, output = invoke("train", "--out", str(run), "--resume")
+    assert code == 0, output
+    assert history() == [("xe", 1), ("xe", 2), ("scst", 1), ("scst", 2)]
+
+
+@pytest.mark.slow
 def test_a_second_train_into_the_same_run_is_refused(tiny_run):
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(tiny_run))
     assert code == 2 and "--resume" in output

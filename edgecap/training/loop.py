@@ -133,12 +133,26 @@ class Trainer:
         payload = read_checkpoint(self.run_dir / "last.pt")
         self._load_weights(payload)
         train_state = dict(payload["train_state"])
+        if train_state["phase"] == "done":
+            self._reopen_finished(train_state)
         if train_state["phase"] == "scst":
             self.optimizer = self._optimizer(self.cfg.scst_lr)
         self.optimizer.load_state_dict(train_state.pop("optimizer"))
         if train_state["phase"] == "scst":  # the self-critical rate is constant: take it from config.json
             self._set_lr(self.cfg.scst_lr)
         self.state.update(train_state)
+
+    def _reopen_finished(self, state: dict) -> None:
+        """A finished run continues when config.json was given more epochs since: its last phase goes on with a
+        fresh patience, or a finished cross-entropy phase starts the self-critical one that was added."""
+        last = json.loads((self.run_dir / "metrics.jsonl").read_text().splitlines()[-1])["phase"]
+        limit = self.cfg.scst_epochs if last == "scst" else self.cfg.epochs
+        more = state["epoch"] < limit
+        if more or (last == "xe" and self.cfg.scst_epochs):
+            state.update(phase=last, bad_epochs=0 if more else state["bad_epochs"])
+            if self.dist.is_main:
+                tqdm.write(f"{self.run_dir}: reopening the finished run (config.json: train.epochs="
+                           f"{self.cfg.epochs}, train.scst_epochs={self.cfg.scst_epochs})")
 
     def _load_weights(self, payload: dict) -> None:
         self.captioner.decoder.load_state_dict(payload["decoder"])
