@@ -121,6 +121,21 @@ def test_a_finished_run_continues_when_config_json_allows_more_epochs(tiny_run, 
 
 
 @pytest.mark.slow
+def test_a_self_critical_phase_added_to_a_finished_run_starts_on_resume(tmp_path):
+    run = tmp_path / "xe-only"
+    code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(run), "--max-steps", "20",
+                          "--scst-epochs", "0", "--set", "train.eval_images=10")
+    assert code == 0, output
+    config = json.loads((run / "config.json").read_text())
+    config["train"]["scst_epochs"] = 1
+    (run / "config.json").write_text(json.dumps(config))
+    code, output = invoke("train", "--out", str(run), "--resume")
+    assert code == 0, output
+    phases = [json.loads(line)["phase"] for line in (run / "metrics.jsonl").open()]
+    assert phases == ["xe", "scst"]
+
+
+@pytest.mark.slow
 def test_a_second_train_into_the_same_run_is_refused(tiny_run):
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(tiny_run))
     assert code == 2 and "--resume" in output

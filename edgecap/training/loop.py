@@ -143,16 +143,18 @@ class Trainer:
         self.state.update(train_state)
 
     def _reopen_finished(self, state: dict) -> None:
-        """A finished run continues when config.json was given more epochs since: its last phase goes on with a
-        fresh patience, or a finished cross-entropy phase starts the self-critical one that was added."""
+        """A finished run continues when config.json was given more epochs since: a self-critical phase added
+        after cross-entropy starts (after any cross-entropy epochs added too), else the last phase goes on with a
+        fresh patience."""
         last = json.loads((self.run_dir / "metrics.jsonl").read_text().splitlines()[-1])["phase"]
         limit = self.cfg.scst_epochs if last == "scst" else self.cfg.epochs
-        more = state["epoch"] < limit
-        if more or (last == "xe" and self.cfg.scst_epochs):
-            state.update(phase=last, bad_epochs=0 if more else state["bad_epochs"])
-            if self.dist.is_main:
-                tqdm.write(f"{self.run_dir}: reopening the finished run (config.json: train.epochs="
-                           f"{self.cfg.epochs}, train.scst_epochs={self.cfg.scst_epochs})")
+        if last == "xe" and self.cfg.scst_epochs:
+            state.update(phase="xe")  # run() moves on to self-critical training once cross-entropy is over
+        elif state["epoch"] < limit:
+            state.update(phase=last, bad_epochs=0)
+        if state["phase"] != "done" and self.dist.is_main:
+            tqdm.write(f"{self.run_dir}: reopening the finished run (config.json: train.epochs={self.cfg.epochs}, "
+                       f"train.scst_epochs={self.cfg.scst_epochs})")
 
     def _load_weights(self, payload: dict) -> None:
         self.captioner.decoder.load_state_dict(payload["decoder"])
