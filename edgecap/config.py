@@ -32,6 +32,7 @@ class TrainConfig:
     epochs: int = 20  # cross-entropy epochs at most (early stopping may end sooner)
     max_steps: int = 0  # stop cross-entropy after this many optimiser steps (0: no limit)
     grad_clip: float = 2.0  # max global gradient norm
+    label_smoothing: float = 0.0  # cross-entropy: weight eps of the uniform target, (1-eps) nll + eps mean_v -log p_v
     patience: int = 3  # epochs without a better dev CIDEr before stopping a phase
     seed: int = 0  # seeds torch, numpy and the batch order
     min_word_count: int = 5  # rarer training words become <unk>
@@ -53,6 +54,8 @@ class TrainConfig:
             raise EdgecapError(f"train.scst_baseline must be 'mean' or 'greedy', got '{self.scst_baseline}'")
         if self.scst_baseline == "mean" and self.scst_samples < 2:
             raise EdgecapError(f"train.scst_baseline=mean needs train.scst_samples >= 2, got {self.scst_samples}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise EdgecapError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         for name in ("batch_size", "epochs", "eval_beam", "max_caption_length"):
             if getattr(self, name) < 1:
                 raise EdgecapError(f"train.{name} must be >= 1, got {getattr(self, name)}")

@@ -25,6 +25,7 @@ class SATConfig:
     hidden_dim: int = 512  # LSTM h and c
     att_dim: int = 512  # hidden size of the f_att MLP
     dropout: float = 0.5  # on h_t before the deep output layer
+    feature_dropout: float = 0.0  # on the annotation vectors a_i while training (frozen features overfit)
     gate: bool = True  # the paper's gating scalar beta_t = sigmoid(f_beta(h_{t-1}))
     attention: str = "soft"  # "soft" (deterministic) or "hard" (REINFORCE-trained; inference is soft)
 
@@ -57,6 +58,7 @@ class SAT(nn.Module):
         self.f_beta = nn.Linear(c.hidden_dim, 1) if c.gate else None
         self.lstm = nn.LSTMCell(c.embed_dim + d, c.hidden_dim)
         self.dropout = nn.Dropout(c.dropout)
+        self.feature_dropout = nn.Dropout(c.feature_dropout)
         self.out_h = nn.Linear(c.hidden_dim, c.embed_dim)  # L_h
         self.out_z = nn.Linear(d, c.embed_dim)  # L_z
         self.out = nn.Linear(c.embed_dim, c.vocab_size)  # L_o
@@ -65,6 +67,7 @@ class SAT(nn.Module):
         """Grid features (N, L, C) -> (memory, initial state), named as in ``edgecap.spec``."""
         if self.annotate is not None:
             features = torch.relu(self.annotate(features))
+        features = self.feature_dropout(features)
         mean = features.mean(dim=1)
         memory = {spec.MEMORY_FEATURES: features, spec.MEMORY_ATT_PROJ: self.attention.feature_proj(features)}
         state = {spec.STATE_H: torch.tanh(self.init_h(mean)), spec.STATE_C: torch.tanh(self.init_c(mean))}

@@ -64,6 +64,11 @@ def _lr_factor(step: int, *, warmup: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def _smoothed_nll(logprobs: torch.Tensor, nll: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per-token cross-entropy against (1 - eps) one-hot + eps uniform; eps 0 is the plain nll."""
+    return nll if not eps else (1 - eps) * nll - eps * logprobs.mean(-1)
+
+
 class Trainer:
     """Owns the model, optimiser and data of one run directory (on one rank of ``ctx`` when distributed)."""
 
@@ -219,9 +224,10 @@ class Trainer:
             n_tokens, n_rows = distributed.global_sum(mask.sum()), len(batch)
             nll = -out["logprobs"].gather(-1, target.unsqueeze(-1)).squeeze(-1)
             xe = (nll * mask).sum() / n_tokens
-            loss = xe
+            loss = (_smoothed_nll(out["logprobs"], nll, cfg.label_smoothing) * mask).sum() / n_tokens
             for stage in out.get("stage_logprobs", ()):  # coarse-to-fine models: every earlier stage's XE too
-                loss = loss + (-stage.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask).sum() / n_tokens
+                stage_nll = -stage.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+                loss = loss + (_smoothed_nll(stage, stage_nll, cfg.label_smoothing) * mask).sum() / n_tokens
             if "auxiliary_loss" in out:  # a model's own extra objective, already weighted (A²'s mask, GLIED's MIL)
                 loss = loss + out["auxiliary_loss"] * (len(rows) / n_rows)  # a mean over this rank's rows
             if cfg.doubly_stochastic and "alpha" in out:

@@ -43,3 +43,15 @@ def test_unknown_model_option_names_the_known_ones():
 
 def test_registry_lists_sat():
     assert "sat" in MODELS
+
+
+def test_feature_dropout_acts_only_while_training():
+    torch.manual_seed(0)
+    plain = build_model("sat", TINY).eval()
+    dropped = build_model("sat", {**TINY, "feature_dropout": 0.5})
+    dropped.load_state_dict(plain.state_dict())
+    features, tokens = torch.randn(3, 9, 16), torch.randint(0, 40, (3, 7))
+    assert torch.equal(dropped.eval()(features, tokens)["logprobs"], plain(features, tokens)["logprobs"])
+    active = plain.prepare(features)[0][spec.MEMORY_FEATURES] != 0
+    memory, _ = dropped.train().prepare(features)
+    assert 0.3 < (memory[spec.MEMORY_FEATURES][active] == 0).float().mean() < 0.7  # about half of a_i's units dropped
