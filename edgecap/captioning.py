@@ -52,7 +52,7 @@ class EvalResult:
     scores: Scores
     captions: dict[str, str]  # image_id -> generated caption
     n_images: int
-    beam_size: int
+    options: SearchOptions  # the decoding the captions came from
 
 
 def evaluate_model(loaded: LoadedModel, records: Sequence[ImageRecord], options: SearchOptions, *,
@@ -62,4 +62,4 @@ def evaluate_model(loaded: LoadedModel, records: Sequence[ImageRecord], options:
     hyps = search_features(loaded.captioner.decoder, features, loaded.vocab, options)
     captions = {r.image_id: loaded.vocab.decode(h.tokens) for r, h in zip(records, hyps, strict=True)}
     references = {r.image_id: list(r.captions) for r in records}
-    return EvalResult(evaluator.score(references, captions), captions, len(records), options.beam_size)
+    return EvalResult(evaluator.score(references, captions), captions, len(records), options)

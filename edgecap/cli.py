@@ -7,11 +7,14 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from edgecap.errors import EdgecapError
+
+if TYPE_CHECKING:
+    from edgecap.runtime.search import SearchOptions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Image captioning from PyTorch training to fast, verified inference.")
@@ -76,6 +79,16 @@ def parse_list(value: str, allowed: type[Enum], option: str) -> list[str]:
 
 ModelDir = Annotated[Path | None, typer.Option("--model", help="Run directory or checkpoint (default: shipped model)")]
 Beam = Annotated[int, typer.Option(help="Beam size (1 = greedy)", min=1)]
+LengthPenalty = Annotated[float, typer.Option(help="Rank finished captions by log-prob / length**ALPHA "
+                                                   "(0: the raw sum, which favours short captions)", min=0.0)]
+BlockTrigrams = Annotated[bool, typer.Option("--block-trigrams", help="Never repeat a trigram within a caption")]
+
+
+def _search_options(beam: int, length_penalty: float, block_trigrams: bool) -> SearchOptions:
+    """The beam search settings eval, caption and parity share."""
+    from edgecap.runtime.search import SearchOptions
+
+    return SearchOptions(beam_size=beam, length_penalty=length_penalty, block_trigrams=block_trigrams)
 
 
 @app.command()
@@ -117,6 +130,8 @@ def evaluate(
     run: Annotated[Path | None, typer.Argument(help="Run directory or checkpoint (default: shipped model)")] = None,
     split: Annotated[str, typer.Option(help="Split to score")] = "dev",
     beam: Beam = 3,
+    length_penalty: LengthPenalty = 0.0,
+    block_trigrams: BlockTrigrams = False,
     max_images: Annotated[int, typer.Option(help="Score only the first N images (0: all)")] = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write metrics and captions as JSON")] = None,
 ) -> None:
@@ -125,14 +140,14 @@ def evaluate(
     from edgecap.data import load_dataset
     from edgecap.evaluation import Evaluator
     from edgecap.report import eval_json, eval_table, write_json
-    from edgecap.runtime.search import SearchOptions
     from edgecap.training.checkpoint import load_model
 
     records = load_dataset(data).split(split)
     loaded = load_model(run)
     records = records[:max_images] if max_images else records
     with Evaluator() as evaluator:
-        result = evaluate_model(loaded, records, SearchOptions(beam_size=beam), evaluator=evaluator)
+        result = evaluate_model(loaded, records, _search_options(beam, length_penalty, block_trigrams),
+                                evaluator=evaluator)
     typer.echo(eval_table(result))
     for metric, reason in result.scores.skipped.items():
         typer.echo(f"{metric} skipped: {reason}")
@@ -148,15 +163,16 @@ def caption(
     precision: Annotated[Precision, typer.Option(help="Graph precision (ort and trt backends)")] = Precision.fp32,
     device: Annotated[Device, typer.Option(help="ONNX Runtime execution provider (ort backend)")] = Device.cpu,
     beam: Beam = 3,
+    length_penalty: LengthPenalty = 0.0,
+    block_trigrams: BlockTrigrams = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object per image")] = False,
     attention: Annotated[Path | None, typer.Option(help="Write attention maps as PNG (one file per image)")] = None,
 ) -> None:
     """Print one caption per image (torch: a checkpoint; ort, trt: an export directory, no torch needed)."""
     from edgecap.preprocess import read_rgb
     from edgecap.report import attention_png, caption_json
-    from edgecap.runtime.search import SearchOptions
 
-    options = SearchOptions(beam_size=beam)
+    options = _search_options(beam, length_penalty, block_trigrams)
     if backend in (Backend.ort, Backend.trt):
         from edgecap.runtime.pipeline import Captioner
 
@@ -290,6 +306,8 @@ def parity(
     backend: Annotated[str, typer.Option(help="Candidate backend: ort or trt")] = "ort",
     precision: Annotated[Precision, typer.Option(help="Candidate graph precision")] = Precision.fp32,
     beam: Beam = 3,
+    length_penalty: LengthPenalty = 0.0,
+    block_trigrams: BlockTrigrams = False,
     max_images: Annotated[int, typer.Option(help="Compare only the first N images (0: all)")] = 0,
     reference: Annotated[Path | None, typer.Option(help="Checkpoint the export came from (default: as recorded)")]
     = None,
@@ -301,7 +319,6 @@ def parity(
     from edgecap.evaluation import Evaluator
     from edgecap.parity import run_parity
     from edgecap.report import parity_json, parity_markdown, write_json, write_text
-    from edgecap.runtime.search import SearchOptions
 
     if backend not in ("ort", "trt"):
         raise EdgecapError(f"--backend {backend}: parity compares PyTorch with 'ort' or 'trt'")
@@ -313,7 +330,8 @@ def parity(
     records = records[:max_images] if max_images else records
     with Evaluator(spice=False) as evaluator:
         result = run_parity(export_dir, records, split=split, backend=backend, precision=precision.value,
-                            options=SearchOptions(beam_size=beam), reference_path=reference, evaluator=evaluator)
+                            options=_search_options(beam, length_penalty, block_trigrams),
+                            reference_path=reference, evaluator=evaluator)
     report, text = parity_json(result), parity_markdown(result)
     typer.echo(text)
     stem = export_dir / "reports" / f"parity-{backend}-{precision.value}"

@@ -64,7 +64,7 @@ class ParityResult:
     backend: str
     precision: str
     split: str
-    beam_size: int
+    options: SearchOptions  # the decoding both sides ran
     n_images: int
     identical_rate: float
     delta_cider: float  # candidate - reference, 0-100 scale
@@ -183,7 +183,7 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
         failures.append(f"identical captions {100 * identical:.1f}% < {100 * threshold.min_identical_rate:.0f}%")
     differing = [{"image_id": i, "reference": texts["reference"][i], "candidate": texts["candidate"][i]}
                  for i, s in zip(ids, same, strict=True) if not s][:20]
-    return ParityResult(backend=backend, precision=precision, split=split, beam_size=options.beam_size,
+    return ParityResult(backend=backend, precision=precision, split=split, options=options,
                         n_images=len(records), identical_rate=identical, delta_cider=delta,
                         delta_cider_ci95=(100 * low, 100 * high), reference=scores["reference"],
                         candidate=scores["candidate"], steps=stats.result(), first_divergence=dict(divergence),

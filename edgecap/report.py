@@ -14,14 +14,29 @@ from edgecap.benchmarking import BenchReport
 from edgecap.captioning import EvalResult
 from edgecap.parity import ParityResult
 from edgecap.runtime.pipeline import Caption
+from edgecap.runtime.search import SearchOptions
 
 METRIC_ORDER = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
+
+
+def decoding_json(options: SearchOptions) -> dict:
+    """The search settings a report's captions depend on, beside its scores."""
+    return {"beam": options.beam_size, "length_penalty": options.length_penalty,
+            "block_trigrams": options.block_trigrams}
+
+
+def decoding_text(options: SearchOptions) -> str:
+    """``beam 3``, plus the non-default ranking and blocking, for a report's title."""
+    parts = [f"beam {options.beam_size}"]
+    parts += [f"length penalty {options.length_penalty:g}"] if options.length_penalty else []
+    parts += ["trigram blocking"] if options.block_trigrams else []
+    return ", ".join(parts)
 
 
 def eval_json(result: EvalResult) -> dict:
     """Raw pycocoevalcap values keyed by their names, plus what was skipped and why."""
     return {"metrics": result.scores.metrics, "skipped": result.scores.skipped, "n_images": result.n_images,
-            "beam": result.beam_size, "captions": result.captions}
+            **decoding_json(result.options), "captions": result.captions}
 
 
 def eval_table(result: EvalResult) -> str:
@@ -45,7 +60,7 @@ def parity_json(result: ParityResult) -> dict:
         "precision": result.precision,
         "graphs": result.graphs,
         "split": result.split,
-        "beam": result.beam_size,
+        **decoding_json(result.options),
         "thresholds": {"max_abs_delta_cider": result.threshold.max_delta_cider,
                        "min_identical_rate": result.threshold.min_identical_rate},
         "failures": result.failures,
@@ -61,7 +76,7 @@ def parity_markdown(result: ParityResult) -> str:
     low, high = result.delta_cider_ci95
     lines = [
         f"# Parity: {result.backend} {result.precision} vs PyTorch ({result.split}, {result.n_images} images, "
-        f"beam {result.beam_size})", "", f"**{verdict}**", "",
+        f"{decoding_text(result.options)})", "", f"**{verdict}**", "",
         f"- identical captions: {100 * result.identical_rate:.1f}% "
         f"(threshold {100 * result.threshold.min_identical_rate:.0f}%)",
         f"- ΔCIDEr: {result.delta_cider:+.2f} (95% CI {low:+.2f} .. {high:+.2f}; "

@@ -142,6 +142,19 @@ def test_a_second_train_into_the_same_run_is_refused(tiny_run):
 
 
 @pytest.mark.slow
+def test_eval_records_the_decoding_it_ran(tiny_run, tmp_path):
+    code, output = invoke("eval", str(tiny_run), "--data", "shapes", "--split", "test", "--max-images", "20",
+                          "--length-penalty", "0.7", "--block-trigrams", "--json", str(tmp_path / "eval.json"))
+    assert code == 0, output
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert (report["beam"], report["length_penalty"], report["block_trigrams"]) == (3, 0.7, True)
+    for caption in report["captions"].values():
+        words = caption.split()
+        trigrams = list(zip(words, words[1:], words[2:]))
+        assert len(trigrams) == len(set(trigrams)), caption
+
+
+@pytest.mark.slow
 def test_caption_json_and_attention_png(tiny_run, tmp_path):
     image = tmp_path / "scene.jpg"
     Image.fromarray(np.full((96, 96, 3), 200, np.uint8)).save(image)

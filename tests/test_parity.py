@@ -32,6 +32,16 @@ def test_fp32_export_passes_parity_with_the_design_fields(tiny_export, tmp_path)
 
 
 @pytest.mark.slow
+def test_both_sides_decode_with_the_requested_ranking_and_blocking(tiny_export, tmp_path):
+    code, output = parity(tiny_export / "exp", "--length-penalty", "1", "--block-trigrams",
+                          "--json", str(tmp_path / "p.json"))
+    assert code == 0, output
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert (report["length_penalty"], report["block_trigrams"]) == (1.0, True) and report["identical_rate"] >= 0.99
+    assert "beam 3, length penalty 1, trigram blocking" in output
+
+
+@pytest.mark.slow
 def test_one_corrupted_weight_fails_the_gate(tiny_export, tmp_path):
     import onnx
     from onnx import numpy_helper
