@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ from tqdm import tqdm
 
 from edgecap.data.features import cached_features
 from edgecap.data.records import ImageRecord
-from edgecap.evaluation import Evaluator, Scores
+from edgecap.evaluation import EvalResult, Evaluator, score_captions
 from edgecap.preprocess import load_images
 from edgecap.runtime.pipeline import Caption
 from edgecap.runtime.search import SearchOptions
@@ -47,19 +46,10 @@ def split_features(loaded: LoadedModel, records: Sequence[ImageRecord]) -> np.nd
     return encode_images(loaded, [r.path for r in records], progress=True)
 
 
-@dataclass(frozen=True)
-class EvalResult:
-    scores: Scores
-    captions: dict[str, str]  # image_id -> generated caption
-    n_images: int
-    options: SearchOptions  # the decoding the captions came from
-
-
 def evaluate_model(loaded: LoadedModel, records: Sequence[ImageRecord], options: SearchOptions, *,
                    evaluator: Evaluator) -> EvalResult:
     """Caption every record with beam search and score against its human references."""
     features = split_features(loaded, records)
     hyps = search_features(loaded.captioner.decoder, features, loaded.vocab, options)
     captions = {r.image_id: loaded.vocab.decode(h.tokens) for r, h in zip(records, hyps, strict=True)}
-    references = {r.image_id: list(r.captions) for r in records}
-    return EvalResult(evaluator.score(references, captions), captions, len(records), options)
+    return score_captions(records, captions, options, evaluator=evaluator)

@@ -124,11 +124,35 @@ def train(
                    f"model: {out / 'best.pt'}")
 
 
+def _open_export(directory: Path | None, backend: Backend, precision: Precision, device: Device):
+    """The torch-free captioner of an export directory, after saying in one line what this machine lacks."""
+    from edgecap.runtime.pipeline import Captioner
+
+    if backend is Backend.trt:
+        from edgecap.runtime.backends.trt_cuda import require_tensorrt
+
+        require_tensorrt()  # before anything is read
+    if directory is None:
+        raise EdgecapError(f"--backend {backend.value} needs an export directory (made by `edgecap export`)")
+    return Captioner.from_dir(directory, backend=backend.value, precision=precision.value, device=device.value)
+
+
+def _is_export(path: Path | None) -> bool:
+    from edgecap.runtime.manifest import MANIFEST_NAME
+
+    return path is not None and (path / MANIFEST_NAME).is_file()
+
+
 @app.command("eval")
 def evaluate(
     data: Annotated[str, typer.Option(help="Dataset spec: flickr8k:DIR, karpathy:FILE.json[:ROOT], coco:DIR, shapes")],
-    run: Annotated[Path | None, typer.Argument(help="Run directory or checkpoint (default: shipped model)")] = None,
+    run: Annotated[Path | None, typer.Argument(help="Run directory, checkpoint or export directory "
+                                                    "(default: shipped model)")] = None,
     split: Annotated[str, typer.Option(help="Split to score")] = "dev",
+    backend: Annotated[Backend | None, typer.Option(help="torch for a run or checkpoint; ort (default) or trt for "
+                                                         "an export directory, which needs no torch")] = None,
+    precision: Annotated[Precision, typer.Option(help="Graph precision (export directory)")] = Precision.fp32,
+    device: Annotated[Device, typer.Option(help="ONNX Runtime execution provider (ort backend)")] = Device.cpu,
     beam: Beam = 3,
     length_penalty: LengthPenalty = 0.0,
     block_trigrams: BlockTrigrams = False,
@@ -136,18 +160,31 @@ def evaluate(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write metrics and captions as JSON")] = None,
 ) -> None:
     """Score a model's beam-search captions with BLEU, METEOR, ROUGE-L and CIDEr-D."""
-    from edgecap.captioning import evaluate_model
     from edgecap.data import load_dataset
-    from edgecap.evaluation import Evaluator
+    from edgecap.evaluation import Evaluator, evaluate_captioner
     from edgecap.report import eval_json, eval_table, write_json
-    from edgecap.training.checkpoint import load_model
 
+    options = _search_options(beam, length_penalty, block_trigrams)
+    export = _is_export(run)
+    backend = backend or (Backend.ort if export else Backend.torch)
+    if export and backend is Backend.torch:
+        raise EdgecapError(f"{run} is an export directory: score it with --backend ort or trt, or pass the run "
+                           "it came from for torch")
+    if backend is Backend.torch and precision is not Precision.fp32:
+        raise EdgecapError(f"--precision {precision.value} picks an export's graphs; export the run first "
+                           "(`edgecap export RUN --out DIR --precision ...`) and score DIR")
+    captioner = _open_export(run, backend, precision, device) if backend is not Backend.torch else None
     records = load_dataset(data).split(split)
-    loaded = load_model(run)
     records = records[:max_images] if max_images else records
     with Evaluator() as evaluator:
-        result = evaluate_model(loaded, records, _search_options(beam, length_penalty, block_trigrams),
-                                evaluator=evaluator)
+        if captioner is not None:
+            result = evaluate_captioner(captioner, records, options, evaluator=evaluator,
+                                        backend=backend.value, precision=precision.value)
+        else:
+            from edgecap.captioning import evaluate_model
+            from edgecap.training.checkpoint import load_model
+
+            result = evaluate_model(load_model(run), records, options, evaluator=evaluator)
     typer.echo(eval_table(result))
     for metric, reason in result.scores.skipped.items():
         typer.echo(f"{metric} skipped: {reason}")
@@ -174,16 +211,7 @@ def caption(
 
     options = _search_options(beam, length_penalty, block_trigrams)
     if backend in (Backend.ort, Backend.trt):
-        from edgecap.runtime.pipeline import Captioner
-
-        if backend is Backend.trt:
-            from edgecap.runtime.backends.trt_cuda import require_tensorrt
-
-            require_tensorrt()  # before anything is read: say what this machine lacks
-        if model is None:
-            raise EdgecapError(f"--backend {backend.value} needs --model EXPORT_DIR (made by `edgecap export`)")
-        captioner = Captioner.from_dir(model, backend=backend.value, precision=precision.value, device=device.value)
-        captions = captioner.caption(images, options)
+        captions = _open_export(model, backend, precision, device).caption(images, options)
     else:
         from edgecap.captioning import caption_images
         from edgecap.training.checkpoint import load_model

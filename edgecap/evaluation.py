@@ -14,17 +14,29 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pycocoevalcap.spice
-from pycocoevalcap.bleu.bleu import Bleu
-from pycocoevalcap.cider.cider import Cider
-from pycocoevalcap.meteor.meteor import Meteor
-from pycocoevalcap.rouge.rouge import Rouge
-from pycocoevalcap.spice.spice import Spice
-from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+from tqdm import tqdm
 
+from edgecap.data.records import ImageRecord
 from edgecap.errors import EdgecapError
+
+try:
+    import pycocoevalcap.spice
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.meteor.meteor import Meteor
+    from pycocoevalcap.rouge.rouge import Rouge
+    from pycocoevalcap.spice.spice import Spice
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+except ImportError:  # a runtime-only install (edgecap[runtime]) captions but cannot score
+    raise EdgecapError("scoring captions needs pycocoevalcap: pip install edgecap[metrics] "
+                       "(and a Java runtime on the PATH)") from None
+from edgecap.runtime.search import SearchOptions
+
+if TYPE_CHECKING:
+    from edgecap.runtime.pipeline import Captioner
 
 SPICE_LIB = Path(pycocoevalcap.spice.__file__).parent / "lib"
 # pycocoevalcap downloads these on SPICE's first use; offline that fails, so SPICE runs only if they are there.
@@ -161,3 +173,32 @@ def paired_bootstrap_ci(a: np.ndarray, b: np.ndarray, *, samples: int = 1000, se
     means = [difference[rng.integers(0, len(difference), len(difference))].mean() for _ in range(samples)]
     low, high = np.percentile(means, [2.5, 97.5])
     return float(low), float(high)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    scores: Scores
+    captions: dict[str, str]  # image_id -> generated caption
+    n_images: int
+    options: SearchOptions  # the decoding the captions came from
+    backend: str = "torch"  # what ran the model: torch (a checkpoint), ort or trt (an export's graphs)
+    precision: str = "fp32"
+
+
+def score_captions(records: Sequence[ImageRecord], captions: Mapping[str, str], options: SearchOptions, *,
+                   evaluator: Evaluator, backend: str = "torch", precision: str = "fp32") -> EvalResult:
+    """Score one generated caption per record against the record's human references."""
+    references = {r.image_id: list(r.captions) for r in records}
+    return EvalResult(evaluator.score(references, captions), dict(captions), len(records), options, backend,
+                      precision)
+
+
+def evaluate_captioner(captioner: Captioner, records: Sequence[ImageRecord], options: SearchOptions, *,
+                       evaluator: Evaluator, backend: str, precision: str, chunk: int = 64) -> EvalResult:
+    """Caption and score a split with exported graphs (no torch): what the deployed model scores."""
+    captions = {}
+    for start in tqdm(range(0, len(records), chunk), desc="captioning", unit="chunk", leave=False):
+        batch = records[start:start + chunk]
+        results = captioner.caption([r.path for r in batch], options)
+        captions.update({r.image_id: c.text for r, c in zip(batch, results, strict=True)})
+    return score_captions(records, captions, options, evaluator=evaluator, backend=backend, precision=precision)

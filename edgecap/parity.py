@@ -27,7 +27,7 @@ from edgecap.data.records import ImageRecord
 from edgecap.evaluation import Evaluator, Scores, paired_bootstrap_ci
 from edgecap.preprocess import load_images
 from edgecap.runtime.manifest import Manifest
-from edgecap.runtime.pipeline import open_backend
+from edgecap.runtime.pipeline import check_options, open_backend
 from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
 from edgecap.torch_backend import TorchBackend
 from edgecap.training.checkpoint import load_reference
@@ -143,6 +143,7 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
                evaluator: Evaluator, batch_size: int = 25) -> ParityResult:
     """Caption ``records`` with the PyTorch reference and the exported candidate; compare and gate."""
     manifest = Manifest.read(export_dir)
+    check_options(manifest, options)  # the search a deployed Captioner would run, or none
     loaded = load_reference(manifest, reference_path)
     k = manifest.topk
     reference_backend = TorchBackend(loaded.captioner, k)

@@ -6,15 +6,17 @@ import json
 import math
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
-from edgecap.benchmarking import BenchReport
-from edgecap.captioning import EvalResult
-from edgecap.parity import ParityResult
-from edgecap.runtime.pipeline import Caption
-from edgecap.runtime.search import SearchOptions
+if TYPE_CHECKING:  # formatting needs no torch, so an export can be scored and reported without it
+    from edgecap.benchmarking import BenchReport
+    from edgecap.evaluation import EvalResult
+    from edgecap.parity import ParityResult
+    from edgecap.runtime.pipeline import Caption
+    from edgecap.runtime.search import SearchOptions
 
 METRIC_ORDER = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
 
@@ -36,7 +38,8 @@ def decoding_text(options: SearchOptions) -> str:
 def eval_json(result: EvalResult) -> dict:
     """Raw pycocoevalcap values keyed by their names, plus what was skipped and why."""
     return {"metrics": result.scores.metrics, "skipped": result.scores.skipped, "n_images": result.n_images,
-            **decoding_json(result.options), "captions": result.captions}
+            "backend": result.backend, "precision": result.precision, **decoding_json(result.options),
+            "captions": result.captions}
 
 
 def eval_table(result: EvalResult) -> str:

@@ -12,6 +12,7 @@ from edgecap.runtime.backends.ort import OrtBackend
 from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
 
+from edgecap.errors import ModelError
 from edgecap.preprocess import Preprocessing, load_images
 from edgecap.vocab import Vocab
 
@@ -51,6 +52,17 @@ class Caption:
         return self.hypothesis.logprob
 
 
+def check_options(manifest: Manifest, options: SearchOptions) -> None:
+    """Refuse a search the export cannot run exactly: too few candidates per step, or a KV cache too short."""
+    if options.k > manifest.topk:
+        raise ModelError(f"beam {options.beam_size} needs {options.k} candidates per step but the step graph "
+                         f"returns {manifest.topk}; re-export with --beam {options.beam_size}")
+    cache = manifest.model_config.get("max_positions")  # a static KV cache: steps 0..max_positions-1
+    if cache is not None and options.max_length >= cache:
+        raise ModelError(f"max_length {options.max_length} needs decoding steps 0..{options.max_length} but the "
+                         f"step graph's KV cache holds {cache} (model max_positions); use max_length < {cache}")
+
+
 class Captioner:
     """Preprocess -> encoder graph -> beam search over the step graph -> words, batched over images."""
 
@@ -69,13 +81,7 @@ class Captioner:
 
     def search(self, pixels: np.ndarray, options: SearchOptions) -> list[Hypothesis]:
         """Best hypothesis per image of preprocessed pixels (N, 3, H, W)."""
-        if options.k > self.manifest.topk:
-            raise ValueError(f"beam {options.beam_size} needs {options.k} candidates per step but the step graph "
-                             f"returns {self.manifest.topk}; re-export with --beam {options.beam_size}")
-        cache = self.manifest.model_config.get("max_positions")  # a static KV cache: steps 0..max_positions-1
-        if cache is not None and options.max_length >= cache:
-            raise ValueError(f"max_length {options.max_length} needs decoding steps 0..{options.max_length} but the "
-                             f"step graph's KV cache holds {cache} (model max_positions); use max_length < {cache}")
+        check_options(self.manifest, options)
         session = self.backend.encode(pixels)
         banned = bad_ending_ids(self.vocab.words, options.bad_endings)
         return [hyps[0] for hyps in beam_search(session, len(pixels), options, bad_ending_ids=banned)]
