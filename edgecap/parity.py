@@ -143,7 +143,7 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
                evaluator: Evaluator, batch_size: int = 25) -> ParityResult:
     """Caption ``records`` with the PyTorch reference and the exported candidate; compare and gate."""
     manifest = Manifest.read(export_dir)
-    check_options(manifest, options)  # the search a deployed Captioner would run, or none
+    check_options(manifest, options, export_dir)  # the search a deployed Captioner would run, or none
     loaded = load_reference(manifest, reference_path)
     k = manifest.topk
     reference_backend = TorchBackend(loaded.captioner, k)

@@ -52,23 +52,25 @@ class Caption:
         return self.hypothesis.logprob
 
 
-def check_options(manifest: Manifest, options: SearchOptions) -> None:
+def check_options(manifest: Manifest, options: SearchOptions, directory: Path | None = None) -> None:
     """Refuse a search the export cannot run exactly: too few candidates per step, or a KV cache too short."""
+    where = f"{directory}: " if directory is not None else ""
     if options.k > manifest.topk:
-        raise ModelError(f"beam {options.beam_size} needs {options.k} candidates per step but the step graph "
+        raise ModelError(f"{where}beam {options.beam_size} needs {options.k} candidates per step but the step graph "
                          f"returns {manifest.topk}; re-export with --beam {options.beam_size}")
     cache = manifest.model_config.get("max_positions")  # a static KV cache: steps 0..max_positions-1
     if cache is not None and options.max_length >= cache:
-        raise ModelError(f"max_length {options.max_length} needs decoding steps 0..{options.max_length} but the "
+        raise ModelError(f"{where}max_length {options.max_length} needs decoding steps 0..{options.max_length} but the "
                          f"step graph's KV cache holds {cache} (model max_positions); use max_length < {cache}")
 
 
 class Captioner:
     """Preprocess -> encoder graph -> beam search over the step graph -> words, batched over images."""
 
-    def __init__(self, backend: Backend, manifest: Manifest):
+    def __init__(self, backend: Backend, manifest: Manifest, directory: Path | None = None):
         self.backend = backend
         self.manifest = manifest
+        self.directory = directory  # named in errors
         self.vocab = Vocab.from_json(manifest.vocab)
         self.prep = Preprocessing.from_json(manifest.preprocessing)
 
@@ -77,11 +79,12 @@ class Captioner:
                  device: str = "cpu") -> Captioner:
         directory = Path(directory)
         manifest = Manifest.read(directory)
-        return cls(open_backend(directory, manifest, backend=backend, precision=precision, device=device), manifest)
+        return cls(open_backend(directory, manifest, backend=backend, precision=precision, device=device), manifest,
+                   directory)
 
     def search(self, pixels: np.ndarray, options: SearchOptions) -> list[Hypothesis]:
         """Best hypothesis per image of preprocessed pixels (N, 3, H, W)."""
-        check_options(self.manifest, options)
+        check_options(self.manifest, options, self.directory)
         session = self.backend.encode(pixels)
         banned = bad_ending_ids(self.vocab.words, options.bad_endings)
         return [hyps[0] for hyps in beam_search(session, len(pixels), options, bad_ending_ids=banned)]
