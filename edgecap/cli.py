@@ -14,6 +14,7 @@ import typer
 from edgecap.errors import EdgecapError
 
 if TYPE_CHECKING:
+    from edgecap.runtime.pipeline import Captioner
     from edgecap.runtime.search import SearchOptions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -124,7 +125,7 @@ def train(
                    f"model: {out / 'best.pt'}")
 
 
-def _open_export(directory: Path | None, backend: Backend, precision: Precision, device: Device):
+def _open_export(directory: Path | None, backend: Backend, precision: Precision, device: Device) -> Captioner:
     """The torch-free captioner of an export directory, after saying in one line what this machine lacks."""
     from edgecap.runtime.pipeline import Captioner
 
@@ -174,6 +175,10 @@ def evaluate(
         raise EdgecapError(f"--precision {precision.value} picks an export's graphs; export the run first "
                            "(`edgecap export RUN --out DIR --precision ...`) and score DIR")
     captioner = _open_export(run, backend, precision, device) if backend is not Backend.torch else None
+    if captioner is not None:
+        from edgecap.runtime.pipeline import check_options
+
+        check_options(captioner.manifest, options, run)  # before the data is read and Java starts
     records = load_dataset(data).split(split)
     records = records[:max_images] if max_images else records
     with Evaluator() as evaluator:
