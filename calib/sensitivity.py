@@ -45,8 +45,8 @@ class CaptionScorer:
 
     def captions(self, encoder: Path, step: Path) -> list[str]:
         """Held-out captions through the graph files ``encoder`` and ``step``, decoded as the runtime decodes."""
-        manifest = replace(self.manifest, graphs={**self.manifest.graphs,
-                                                  TRIAL: {"encoder": str(encoder), "step": str(step)}})
+        trial = {"encoder": str(encoder.resolve()), "step": str(step.resolve())}  # absolute: immune to the join
+        manifest = replace(self.manifest, graphs={**self.manifest.graphs, TRIAL: trial})
         captioner = Captioner(OrtBackend(self.directory, manifest, precision=TRIAL), manifest)
         out = []
         for start in range(0, len(self.pixels), self.batch_size):

@@ -154,7 +154,7 @@ def test_an_impossible_threshold_keeps_layers_fp32_and_says_so(tiny_export, tmp_
 
 
 @pytest.mark.slow
-def test_int8_step_alone_runs_beside_the_fp16_encoder(tiny_export, tmp_path):
+def test_int8_step_alone_runs_beside_the_fp16_encoder(tiny_export, tmp_path, monkeypatch):
     from edgecap.export.trt_compat import check_for_tensorrt
     from edgecap.runtime.manifest import Manifest
     from edgecap.runtime.pipeline import Captioner
@@ -164,7 +164,8 @@ def test_int8_step_alone_runs_beside_the_fp16_encoder(tiny_export, tmp_path):
     from tests.test_cli import invoke
 
     directory = tmp_path / "exp"
-    code, output = invoke("export", str(tiny_export / "run"), "--out", str(directory), "--precision",
+    monkeypatch.chdir(tmp_path)  # a relative --out, as the README writes it
+    code, output = invoke("export", str(tiny_export / "run"), "--out", "exp", "--precision",
                           "fp32,fp16,int8", "--calib-data", "shapes", "--calib-images", "48", "--calib-heldout", "24",
                           "--calib-max-delta", "100", "--int8-graphs", "step")
     assert code == 0, output
