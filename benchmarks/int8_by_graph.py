@@ -7,7 +7,7 @@ Usage: python benchmarks/int8_by_graph.py EXPORT_DIR --data flickr8k:DIR [--imag
 import argparse
 from pathlib import Path
 
-from edgecap.calib.build import split_records
+from edgecap.calib.build import calibration_draw
 from edgecap.calib.sensitivity import CaptionScorer, compare
 from edgecap.runtime.manifest import Manifest
 
@@ -18,13 +18,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("export", type=Path)
     parser.add_argument("--data", required=True, help="the dataset spec the export was calibrated on")
-    parser.add_argument("--images", type=int, default=100, help="held-out photos to caption (of the 300)")
+    parser.add_argument("--images", type=int, default=100, help="held-out photos to caption (of the export's 300)")
     args = parser.parse_args()
 
     manifest = Manifest.read(args.export)
     q = manifest.quantization
-    _, heldout = split_records(load_dataset(args.data).split("train"), q["calibration_images"], q["heldout_images"],
-                               seed=0)
+    _, heldout = calibration_draw(load_dataset(args.data), q["calibration_images"], q["heldout_images"],
+                                  q.get("heldout_split", "train"))  # exports before the option drew from train
     scorer = CaptionScorer(args.export, manifest, heldout[:args.images])
     fp32, int8 = manifest.graph_files(args.export, "fp32"), manifest.graph_files(args.export, "int8")
     baseline = scorer.scores(*fp32)

@@ -63,6 +63,12 @@ class Graph(str, Enum):
     step = "step"
 
 
+class Split(str, Enum):
+    train = "train"
+    dev = "dev"
+    test = "test"
+
+
 class Int8Scheme(str, Enum):
     tensorrt = "tensorrt"
     ort_cpu = "ort-cpu"
@@ -236,9 +242,12 @@ def export_model(
     beam: Annotated[int, typer.Option(help="Largest beam the runtime will use (step returns 2*beam candidates)",
                                       min=1)] = 3,
     precision: Annotated[str, typer.Option(help="Graphs to write, comma-separated: fp32,fp16,int8")] = "fp32",
-    calib_data: Annotated[str | None, typer.Option(help="INT8: dataset spec whose train split calibrates")] = None,
+    calib_data: Annotated[str | None, typer.Option(help="INT8: dataset spec; its train split gives the ranges")]
+    = None,
     calib_images: Annotated[int, typer.Option(help="INT8: photos for the ranges", min=1)] = 200,
     calib_heldout: Annotated[int, typer.Option(help="INT8: other photos scoring ΔCIDEr per fp32 layer", min=1)] = 300,
+    calib_heldout_split: Annotated[Split, typer.Option(help="INT8: split the held-out photos come from (parity "
+                                                           "--precision int8 leaves them out)")] = Split.dev,
     calib_method: Annotated[CalibMethod, typer.Option(help="INT8: range selection")] = CalibMethod.max,
     calib_max_delta: Annotated[float, typer.Option(help="INT8: |ΔCIDEr| allowed before layers are kept fp32")] = 1.0,
     int8_scheme: Annotated[Int8Scheme, typer.Option(help="INT8: tensorrt (symmetric, what TensorRT builds) or "
@@ -276,9 +285,11 @@ def export_model(
         if calib_data is None:
             raise EdgecapError("--precision int8 needs --calib-data SPEC (real photos to calibrate on), "
                                "e.g. --calib-data flickr8k:DIR")
+        from edgecap.calib.build import require_calibration_splits
         from edgecap.data import load_dataset
 
-        calibration = load_dataset(calib_data).split("train")
+        calibration = load_dataset(calib_data)
+        require_calibration_splits(calibration, calib_heldout_split.value)  # before a long export, not after
     loaded = load_model(run)
     pixels = load_images(sorted(SAMPLE_IMAGES.glob("*.jpg")), loaded.prep)
     manifest = export_onnx(loaded, out, real_pixels=pixels, k=2 * beam)
@@ -289,6 +300,7 @@ def export_model(
 
         manifest = add_int8(out, manifest, calibration, method=calib_method.value, scheme=int8_scheme.value,
                             calibration_images=calib_images, heldout_images=calib_heldout,
+                            heldout_split=calib_heldout_split.value,
                             threshold=calib_max_delta, quantize=quantize)
         for line in _int8_summary(manifest.quantization):
             typer.echo(line)
@@ -307,7 +319,7 @@ def _int8_summary(q: dict) -> list[str]:
         graphs.append(f"{graph} {g['ort_cpu_speedup']:.2f}x ORT CPU, {len(g['kept_fp32'])} layers kept fp32"
                       if g["quantized"] else f"{graph} not quantised ({g['file']})")
     lines = [f"int8 ({q['scheme']}, {q['method']}): ΔCIDEr {q['delta_cider']:+.2f} ± {q['delta_cider_se']:.2f} "
-             f"on {q['heldout_images']} held-out photos; {'; '.join(graphs)}"]
+             f"on {q['heldout_images']} held-out {q['heldout_split']} photos; {'; '.join(graphs)}"]
     if not q["threshold_met"]:
         hints = ["more --calib-images"]
         if q["method"] == "max":
@@ -359,12 +371,13 @@ def parity(
         from edgecap.runtime.backends.trt_cuda import require_tensorrt
 
         require_tensorrt()  # before the reference model and the data are loaded
-    records = load_dataset(data).split(split)
+    dataset = load_dataset(data)
+    records = dataset.split(split)
     records = records[:max_images] if max_images else records
     with Evaluator(spice=False) as evaluator:
         result = run_parity(export_dir, records, split=split, backend=backend, precision=precision.value,
                             options=_search_options(beam, length_penalty, block_trigrams),
-                            reference_path=reference, evaluator=evaluator)
+                            reference_path=reference, evaluator=evaluator, data_name=dataset.name)
     report, text = parity_json(result), parity_markdown(result)
     typer.echo(text)
     stem = export_dir / "reports" / f"parity-{backend}-{precision.value}"

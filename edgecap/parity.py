@@ -24,6 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from edgecap.data.records import ImageRecord
+from edgecap.errors import DataError
 from edgecap.evaluation import Evaluator, Scores, paired_bootstrap_ci
 from edgecap.preprocess import load_images
 from edgecap.runtime.manifest import Manifest
@@ -77,6 +78,7 @@ class ParityResult:
     threshold: Threshold
     failures: list[str] = field(default_factory=list)
     graphs: dict[str, str] = field(default_factory=dict)  # graph -> the ONNX file of this precision set checked
+    left_out: int = 0  # photos of the split INT8 calibration chose its fp32 layers on, not graded here
 
     @property
     def passed(self) -> bool:
@@ -138,11 +140,33 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
     return min(len(a), len(b))
 
 
+def calibration_photos_left_out(records: Sequence[ImageRecord], manifest: Manifest, data_name: str,
+                                precision: str) -> tuple[Sequence[ImageRecord], int]:
+    """``records`` without the held-out photos INT8 calibration chose its fp32 layers on, and how many went.
+
+    The sensitivity search keeps layers fp32 until ΔCIDEr on those photos is small, so grading the int8 gate on
+    them would grade the search on its own selection set.
+    """
+    q = manifest.quantization
+    if precision != "int8" or q.get("calibration_data") != data_name:
+        return records, 0
+    chosen = set(q.get("heldout_image_ids", ()))
+    kept = [r for r in records if r.image_id not in chosen]
+    if not kept:
+        raise DataError(f"every photo asked for chose the INT8 export's fp32 layers ({len(records)}); "
+                        "compare on more photos (--max-images) or another split")
+    return kept, len(records) - len(kept)
+
+
 def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, backend: str = "ort",
                precision: str = "fp32", options: SearchOptions, reference_path: Path | None = None,
-               evaluator: Evaluator, batch_size: int = 25) -> ParityResult:
-    """Caption ``records`` with the PyTorch reference and the exported candidate; compare and gate."""
+               evaluator: Evaluator, data_name: str = "", batch_size: int = 25) -> ParityResult:
+    """Caption ``records`` with the PyTorch reference and the exported candidate; compare and gate.
+
+    ``data_name`` (the dataset's name) lets an int8 gate leave out the photos calibration selected on.
+    """
     manifest = Manifest.read(export_dir)
+    records, left_out = calibration_photos_left_out(records, manifest, data_name, precision)
     check_options(manifest, options, export_dir)  # the search a deployed Captioner would run, or none
     loaded = load_reference(manifest, reference_path)
     k = manifest.topk
@@ -189,4 +213,4 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
                         delta_cider_ci95=(100 * low, 100 * high), reference=scores["reference"],
                         candidate=scores["candidate"], steps=stats.result(), first_divergence=dict(divergence),
                         differing=differing, threshold=threshold, failures=failures,
-                        graphs=dict(manifest.graphs[precision]))
+                        graphs=dict(manifest.graphs[precision]), left_out=left_out)

@@ -59,6 +59,7 @@ def parity_json(result: ParityResult) -> dict:
         "reference": result.reference.metrics,
         "candidate": result.candidate.metrics,
         "n_images": result.n_images,
+        "calibration_photos_left_out": result.left_out,
         "backend": result.backend,
         "precision": result.precision,
         "graphs": result.graphs,
@@ -84,7 +85,9 @@ def parity_markdown(result: ParityResult) -> str:
         f"(threshold {100 * result.threshold.min_identical_rate:.0f}%)",
         f"- ΔCIDEr: {result.delta_cider:+.2f} (95% CI {low:+.2f} .. {high:+.2f}; "
         f"threshold ±{result.threshold.max_delta_cider})",
-        f"- graphs: {', '.join(f'{graph} `{file}`' for graph, file in result.graphs.items())}", "",
+        f"- graphs: {', '.join(f'{graph} `{file}`' for graph, file in result.graphs.items())}",
+        *([f"- left out: {result.left_out} photos of this split, INT8 calibration's held-out photos"]
+          if result.left_out else []), "",
         "| metric | PyTorch | candidate | Δ |", "|---|---|---|---|",
     ]
     for name in ("Bleu_4", "METEOR", "ROUGE_L", "CIDEr"):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from edgecap.runtime.manifest import Manifest
 
+from edgecap.data import load_dataset
 from tests.test_cli import invoke
 
 
@@ -70,3 +71,18 @@ def test_parity_refuses_a_reference_that_is_not_the_exported_checkpoint(tiny_exp
     other.write_bytes((tiny_export / "run" / "best.pt").read_bytes() + b"\0")
     code, output = parity(tiny_export / "exp", "--reference", str(other))
     assert code == 2 and "sha256 differs" in output and "\n" not in output.strip()
+
+
+@pytest.mark.slow
+def test_int8_gate_leaves_out_the_photos_calibration_chose_layers_on(int8_export, tmp_path):
+    heldout = set(Manifest.read(int8_export).quantization["heldout_image_ids"])
+    dev = load_dataset("shapes").split("dev")[:60]
+    chosen = sum(r.image_id in heldout for r in dev)
+    assert 0 < chosen < 60
+    for precision, left_out in (("int8", chosen), ("fp32", 0)):
+        code, output = invoke("parity", str(int8_export), "--data", "shapes", "--split", "dev", "--max-images", "60",
+                              "--precision", precision, "--json", str(tmp_path / f"{precision}.json"))
+        report = json.loads((tmp_path / f"{precision}.json").read_text())
+        assert report["calibration_photos_left_out"] == left_out, output
+        assert report["n_images"] == 60 - left_out
+        assert ("left out:" in output) == bool(left_out)

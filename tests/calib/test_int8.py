@@ -1,6 +1,7 @@
 """INT8 Q/DQ graphs of a tiny trained export: TensorRT-style quantisation, captions, repeatable ranges, sensitivity."""
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,27 @@ def test_int8_export_without_calibration_data_is_a_one_line_error(tmp_path):
 
     code, output = invoke("export", "--out", str(tmp_path / "exp"), "--precision", "fp32,int8")
     assert code == 2 and "--calib-data" in output and not (tmp_path / "exp").exists()
+
+
+def test_held_out_photos_come_from_another_split_than_the_calibration_photos():
+    from edgecap.calib.build import calibration_draw
+
+    from edgecap.data.records import CaptionDataset, ImageRecord
+    from edgecap.errors import DataError
+
+    def records(split, n):
+        return tuple(ImageRecord(f"{split}{i}", Path(f"/photos/{split}{i}.jpg"), ("a photo",)) for i in range(n))
+
+    data = CaptionDataset("toy", "toy:here", {"train": records("train", 50), "dev": records("dev", 20)})
+    calibration, heldout = calibration_draw(data, 10, 8, "dev")
+    assert len(calibration) == 10 and {r.image_id[:5] for r in calibration} == {"train"}
+    assert len({r.image_id for r in heldout}) == 8 and {r.image_id[:3] for r in heldout} == {"dev"}
+    assert calibration_draw(data, 10, 8, "dev") == (calibration, heldout)  # seeded: a rebuild draws the same
+    calibration, heldout = calibration_draw(data, 10, 8, "train")
+    assert {r.image_id[:5] for r in calibration + heldout} == {"train"}
+    assert not {r.image_id for r in calibration} & {r.image_id for r in heldout}
+    with pytest.raises(DataError, match="toy:here: no 'test' split .* --calib-heldout-split"):
+        calibration_draw(data, 10, 8, "test")
 
 
 def _initializers(model):
@@ -136,8 +158,7 @@ def test_an_impossible_threshold_keeps_layers_fp32_and_says_so(tiny_export, tmp_
     from edgecap.data import load_dataset
 
     directory = _fresh_copy(tiny_export, tmp_path / "exp")
-    records = load_dataset("shapes").split("train")
-    manifest = add_int8(directory, Manifest.read(directory), records, threshold=-1.0, max_layers=2,
+    manifest = add_int8(directory, Manifest.read(directory), load_dataset("shapes"), threshold=-1.0, max_layers=2,
                         **CALIBRATION)
     q = manifest.quantization
     assert q["threshold_met"] is False and q["layers_tried"] == 2
