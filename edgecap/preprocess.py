@@ -159,6 +159,25 @@ def to_array(image: Image.Image, prep: Preprocessing) -> np.ndarray:
     return np.ascontiguousarray(pixels.transpose(2, 0, 1))
 
 
+def frame_to_array(frame: Image.Image | np.ndarray, prep: Preprocessing, *, name: str = "frame") -> np.ndarray:
+    """float32 (3, S, S) of a picture already in memory: a PIL image, or a uint8 array (H, W), (H, W, 3) RGB or
+    (H, W, 4) RGBA, e.g. a camera or video frame. Resized and normalised as files are; ``name`` labels errors."""
+    if isinstance(frame, np.ndarray):
+        shape_ok = frame.ndim == 2 or (frame.ndim == 3 and frame.shape[2] in (3, 4))
+        if frame.dtype != np.uint8 or not shape_ok or 0 in frame.shape:
+            raise ImageError(f"{name}: expected a uint8 array (H, W), (H, W, 3) RGB or (H, W, 4) RGBA, got "
+                             f"{frame.dtype} {frame.shape}; convert 0-1 floats with (x * 255).round().astype('uint8'), "
+                             "BGR frames (OpenCV) with x[..., ::-1]")
+        frame = Image.fromarray(np.ascontiguousarray(frame))
+    elif not isinstance(frame, Image.Image):
+        raise ImageError(f"{name}: expected a PIL image or a numpy array, got {type(frame).__name__}")
+    width, height = frame.size
+    if width * height > MAX_PIXELS:
+        raise ImageError(f"{name}: {width}x{height} pixels is over edgecap's limit of {MAX_PIXELS / 1e6:g} "
+                         "megapixels; downscale it first")
+    return to_array(frame, prep)
+
+
 def load_image(path: Path | str, prep: Preprocessing) -> np.ndarray:
     """float32 (3, S, S) of one image file."""
     return to_array(read_rgb(path, target_size=prep.image_size), prep)

@@ -1,4 +1,4 @@
-"""``Captioner.from_dir``: image files in, captions out, through an exported directory and no torch."""
+"""``Captioner.from_dir``: image files or in-memory frames in, captions out, through an export directory, no torch."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from edgecap.runtime.backends.base import Backend
 from edgecap.runtime.backends.ort import OrtBackend
 from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
+from PIL import Image
 
 from edgecap.errors import ModelError
-from edgecap.preprocess import Preprocessing, load_images
+from edgecap.preprocess import Preprocessing, frame_to_array, load_images
 from edgecap.vocab import Vocab
 
 
@@ -34,7 +35,7 @@ def open_backend(directory: Path, manifest: Manifest, *, backend: str = "ort", p
 class Caption:
     """One image's caption, from any backend."""
 
-    image: Path
+    image: Path | None  # the file; None for a frame passed in memory
     text: str
     hypothesis: Hypothesis
 
@@ -89,10 +90,26 @@ class Captioner:
         banned = bad_ending_ids(self.vocab.words, options.bad_endings)
         return [hyps[0] for hyps in beam_search(session, len(pixels), options, bad_ending_ids=banned)]
 
-    def caption(self, paths: Sequence[Path], options: SearchOptions, *, batch_size: int = 16) -> list[Caption]:
+    def caption(self, paths: Sequence[Path | str], options: SearchOptions, *, batch_size: int = 16) -> list[Caption]:
+        """One caption per image file, ``batch_size`` images decoded and searched at a time."""
+        paths = [Path(p) for p in paths]
         out = []
         for start in range(0, len(paths), batch_size):
-            chunk = list(paths[start:start + batch_size])
-            for path, hyp in zip(chunk, self.search(load_images(chunk, self.prep), options), strict=True):
-                out.append(Caption(Path(path), self.vocab.decode(hyp.tokens), hyp))
+            chunk = paths[start:start + batch_size]
+            out += self._caption_batch(chunk, load_images(chunk, self.prep), options)
         return out
+
+    def caption_frames(self, frames: Sequence[Image.Image | np.ndarray], options: SearchOptions, *,
+                       batch_size: int = 16) -> list[Caption]:
+        """One caption per picture already in memory (a camera or video frame: see ``frame_to_array``)."""
+        out = []
+        for start in range(0, len(frames), batch_size):
+            chunk = frames[start:start + batch_size]
+            pixels = np.stack([frame_to_array(f, self.prep, name=f"frame {start + i}") for i, f in enumerate(chunk)])
+            out += self._caption_batch([None] * len(chunk), pixels, options)
+        return out
+
+    def _caption_batch(self, images: Sequence[Path | None], pixels: np.ndarray,
+                       options: SearchOptions) -> list[Caption]:
+        return [Caption(image, self.vocab.decode(hyp.tokens), hyp)
+                for image, hyp in zip(images, self.search(pixels, options), strict=True)]

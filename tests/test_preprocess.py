@@ -10,7 +10,7 @@ from PIL import Image
 
 from edgecap import preprocess
 from edgecap.errors import ImageError
-from edgecap.preprocess import Preprocessing, load_image, load_images, read_rgb, to_array
+from edgecap.preprocess import Preprocessing, frame_to_array, load_image, load_images, read_rgb, to_array
 
 PREP = Preprocessing(image_size=32)
 SAMPLES = Path(preprocess.__file__).parent / "assets" / "samples"
@@ -237,3 +237,26 @@ def test_load_images_keeps_order_across_threads_and_names_a_bad_file(tmp_path):
     (tmp_path / "bad.jpg").write_text("not an image")
     with pytest.raises(ImageError, match=r"bad\.jpg: not an image"):
         load_images([*paths[:10], tmp_path / "bad.jpg", *paths[10:]], PREP)
+
+
+def test_frames_in_memory_are_preprocessed_as_pil_images_are():
+    rgb = _gradient()
+    expected = to_array(Image.fromarray(rgb), PREP)
+    np.testing.assert_array_equal(frame_to_array(rgb, PREP), expected)
+    np.testing.assert_array_equal(frame_to_array(np.ascontiguousarray(rgb[..., ::-1])[..., ::-1], PREP), expected)
+    np.testing.assert_array_equal(frame_to_array(Image.fromarray(rgb), PREP), expected)
+    gray = frame_to_array(rgb[..., 0], PREP)
+    assert gray.shape == (3, 32, 32) and np.allclose(gray[0] * 0.229 + 0.485, gray[1] * 0.224 + 0.456, atol=1e-5)
+    clear = np.dstack([rgb, np.zeros(rgb.shape[:2], np.uint8)])  # fully transparent: white, as viewers show it
+    np.testing.assert_allclose(frame_to_array(clear, PREP), to_array(Image.new("RGB", (40, 30), "white"), PREP))
+
+
+@pytest.mark.parametrize("frame, message", [
+    (_gradient().astype(np.float32) / 255, r"frame 7: expected a uint8 array .* got float32 \(30, 40, 3\); convert"),
+    (np.zeros((30, 40, 2), np.uint8), r"got uint8 \(30, 40, 2\)"),
+    (np.zeros((0, 40, 3), np.uint8), r"got uint8 \(0, 40, 3\)"),
+    ("photo.jpg", r"frame 7: expected a PIL image or a numpy array, got str"),
+])
+def test_frames_that_are_not_pictures_are_one_line_errors(frame, message):
+    with pytest.raises(ImageError, match=message):
+        frame_to_array(frame, PREP, name="frame 7")

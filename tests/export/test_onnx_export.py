@@ -50,6 +50,27 @@ def test_export_directory_captions_without_torch(tiny_export):
 
 
 @pytest.mark.slow
+def test_frames_in_memory_caption_as_their_files_do(tiny_export):
+    import numpy as np
+    from edgecap.runtime.pipeline import Captioner
+    from edgecap.runtime.search import SearchOptions
+
+    from edgecap.data import load_dataset
+    from edgecap.errors import ImageError
+    from edgecap.preprocess import read_rgb
+
+    captioner = Captioner.from_dir(tiny_export / "exp")
+    paths = [r.path for r in load_dataset("shapes").split("test")[:5]]
+    frames = [np.asarray(read_rgb(p, target_size=captioner.prep.image_size)) for p in paths]
+    from_files = captioner.caption(paths, SearchOptions(), batch_size=2)
+    from_frames = captioner.caption_frames(frames, SearchOptions(), batch_size=2)
+    assert [c.text for c in from_frames] == [c.text for c in from_files]
+    assert [c.image for c in from_frames] == [None] * 5 and from_files[0].image == paths[0]
+    with pytest.raises(ImageError, match="frame 3: expected a uint8 array"):
+        captioner.caption_frames([*frames[:3], frames[3].astype(np.float32)], SearchOptions(), batch_size=2)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["missing-manifest", "other-version", "corrupt-step", "missing-step"])
 def test_damaged_export_directories_are_one_line_errors(tiny_export, tmp_path, damage):
     import shutil
