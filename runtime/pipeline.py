@@ -74,6 +74,7 @@ class Captioner:
         self.directory = directory  # named in errors
         self.vocab = Vocab.from_json(manifest.vocab)
         self.prep = Preprocessing.from_json(manifest.preprocessing)
+        self._banned_endings: dict[tuple[str, ...], frozenset[int]] = {}
 
     @classmethod
     def from_dir(cls, directory: Path | str, *, backend: str = "ort", precision: str = "fp32",
@@ -87,7 +88,9 @@ class Captioner:
         """Best hypothesis per image of preprocessed pixels (N, 3, H, W)."""
         check_options(self.manifest, options, self.directory)
         session = self.backend.encode(pixels)
-        banned = bad_ending_ids(self.vocab.words, options.bad_endings)
+        if options.bad_endings not in self._banned_endings:  # a scan of the vocabulary: once, not per call
+            self._banned_endings[options.bad_endings] = bad_ending_ids(self.vocab.words, options.bad_endings)
+        banned = self._banned_endings[options.bad_endings]
         return [hyps[0] for hyps in beam_search(session, len(pixels), options, bad_ending_ids=banned)]
 
     def caption(self, paths: Sequence[Path | str], options: SearchOptions, *, batch_size: int = 16) -> list[Caption]:
