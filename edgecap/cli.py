@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from edgecap.errors import EdgecapError
+from edgecap.errors import EdgecapError, ImageError
 
 if TYPE_CHECKING:
     from edgecap.runtime.pipeline import Captioner
@@ -205,7 +205,7 @@ def evaluate(
 
 @app.command()
 def caption(
-    images: Annotated[list[Path], typer.Argument(help="Image files")],
+    images: Annotated[list[Path], typer.Argument(help="Image files, or folders of them")],
     model: ModelDir = None,
     backend: Annotated[Backend, typer.Option(help="Inference backend")] = Backend.torch,
     precision: Annotated[Precision, typer.Option(help="Graph precision (ort and trt backends)")] = Precision.fp32,
@@ -216,23 +216,59 @@ def caption(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object per image")] = False,
     attention: Annotated[Path | None, typer.Option(help="Write attention maps as PNG (one file per image)")] = None,
 ) -> None:
-    """Print one caption per image (torch: a checkpoint; ort, trt: an export directory, no torch needed)."""
-    from edgecap.preprocess import read_rgb
+    """Print one caption per image as it is ready (torch: a checkpoint; ort, trt: an export directory, no torch).
+
+    An unreadable image gets its one-line error on stderr and the others their captions; the exit status is 2
+    if any image failed.
+    """
+    from edgecap.preprocess import image_files, read_rgb
     from edgecap.report import attention_png, caption_json
 
     options = _search_options(beam, length_penalty, block_trigrams)
+    paths = image_files(images)
     if backend in (Backend.ort, Backend.trt):
-        captions = _open_export(model, backend, precision, device).caption(images, options)
+        captioner = _open_export(model, backend, precision, device)
+
+        def caption_batch(batch: list[Path]) -> list:
+            return captioner.caption(batch, options)
     else:
         from edgecap.captioning import caption_images
         from edgecap.training.checkpoint import load_model
 
-        captions = caption_images(load_model(model), images, options)
-    for i, result in enumerate(captions):
+        loaded = load_model(model)
+
+        def caption_batch(batch: list[Path]) -> list:
+            return caption_images(loaded, batch, options)
+    failed = 0
+    for i, result in enumerate(_caption_each(paths, caption_batch)):
+        if isinstance(result, ImageError):
+            typer.echo(f"error: {result}", err=True)
+            failed += 1
+            continue
         typer.echo(json.dumps(caption_json(result)) if json_output else f"{result.image}: {result.text}")
         if attention:
-            target = attention if len(captions) == 1 else attention.with_stem(f"{attention.stem}-{i}")
+            target = attention if len(paths) == 1 else attention.with_stem(f"{attention.stem}-{i}")
             attention_png(result, read_rgb(result.image), target)
+    if failed:
+        raise typer.Exit(2)
+
+
+def _caption_each(paths: list[Path], caption_batch, batch_size: int = 16):
+    """Captions of ``paths`` in order, 16 at a time; an unreadable file yields its ImageError in its place.
+
+    A batch holding an unreadable file is captioned again one file at a time, so one bad photo among many
+    costs the others nothing but a second decode.
+    """
+    for start in range(0, len(paths), batch_size):
+        batch = paths[start:start + batch_size]
+        try:
+            yield from caption_batch(batch)
+        except ImageError:
+            for path in batch:
+                try:
+                    yield from caption_batch([path])
+                except ImageError as err:
+                    yield err
 
 
 @app.command("export")

@@ -39,6 +39,7 @@ SAMPLE_IMAGES = Path(__file__).resolve().parent / "assets" / "samples"  # bundle
 # Above 2 * PIL.Image.MAX_IMAGE_PIXELS (~179 MP) Pillow itself refuses before the size is known.
 MAX_PIXELS = 150_000_000
 
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")  # what a folder offers
 _HIGH_DEPTH_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
 _ALPHA_MODES = ("RGBA", "LA", "PA")
 _SIGNATURES = {b"\xff\xd8\xff": "JPEG", b"\x89PNG": "PNG", b"GIF8": "GIF"}  # distinctive enough to trust
@@ -176,6 +177,21 @@ def frame_to_array(frame: Image.Image | np.ndarray, prep: Preprocessing, *, name
         raise ImageError(f"{name}: {width}x{height} pixels is over edgecap's limit of {MAX_PIXELS / 1e6:g} "
                          "megapixels; downscale it first")
     return to_array(frame, prep)
+
+
+def image_files(paths: Sequence[Path]) -> list[Path]:
+    """The files to caption: a folder stands for the image files directly inside it, sorted by name."""
+    files = []
+    for path in paths:
+        if not path.is_dir():
+            files.append(path)
+            continue
+        found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        if not found:
+            raise ImageError(f"{path}: folder with no image files ({' '.join(IMAGE_SUFFIXES)}); pass image files "
+                             "or a folder that holds some")
+        files += found
+    return files
 
 
 def load_image(path: Path | str, prep: Preprocessing) -> np.ndarray:

@@ -190,6 +190,34 @@ def test_bad_images_are_one_line_errors(tmp_path, make):
     assert output.startswith("error: ") and "photo.jpg" in output and "\n" not in output.strip()
 
 
+def test_a_folder_is_captioned_and_one_bad_photo_costs_only_its_own_caption(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    folder = tmp_path / "trip"
+    folder.mkdir()
+    for name in ("b.jpg", "c.JPG"):
+        shutil.copy(SAMPLES / "coffee.jpg", folder / name)
+    (folder / "a.jpg").write_text("not an image")
+    (folder / "notes.txt").write_text("not a photo either, and not taken for one")
+    result = subprocess.run([sys.executable, "-m", "edgecap", "caption", str(folder), "--json"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    captions = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert [c["image"] for c in captions] == [str(folder / "b.jpg"), str(folder / "c.JPG")]
+    assert captions[0]["caption"] == captions[1]["caption"] and captions[0]["caption"]
+    [error] = result.stderr.strip().splitlines()
+    assert error.startswith(f"error: {folder / 'a.jpg'}: not an image")
+
+
+def test_a_folder_without_photos_is_a_one_line_error(tmp_path):
+    (tmp_path / "notes.txt").write_text("no photos here")
+    code, output = invoke("caption", str(tmp_path))
+    assert code == 2 and output == f"error: {tmp_path}: folder with no image files (.jpg .jpeg .png .bmp .gif .tif " \
+                                   ".tiff .webp); pass image files or a folder that holds some"
+
+
 @pytest.mark.parametrize("mode", ["L", "CMYK", "I;16", "RGBA", "P"])
 def test_unusual_image_modes_are_captioned(tmp_path, mode):
     path = tmp_path / f"photo-{mode.replace(';', '')}.png"
