@@ -185,8 +185,15 @@ def evaluate(
         from edgecap.runtime.pipeline import check_options
 
         check_options(captioner.manifest, options, run)  # before the data is read and Java starts
-    records = load_dataset(data).split(split)
+    dataset = load_dataset(data)
+    records = dataset.split(split)
     records = records[:max_images] if max_images else records
+    if captioner is not None and precision is Precision.int8:
+        heldout = captioner.manifest.int8_heldout_ids(dataset.name)
+        chosen = sum(r.image_id in heldout for r in records)
+        if chosen:
+            typer.echo(f"note: {chosen} of these {len(records)} photos chose which INT8 layers stay fp32 "
+                       "(calibration's held-out photos); `edgecap parity --precision int8` leaves them out")
     with Evaluator() as evaluator:
         if captioner is not None:
             result = evaluate_captioner(captioner, records, options, evaluator=evaluator,

@@ -140,24 +140,6 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
     return min(len(a), len(b))
 
 
-def calibration_photos_left_out(records: Sequence[ImageRecord], manifest: Manifest, data_name: str,
-                                precision: str) -> tuple[Sequence[ImageRecord], int]:
-    """``records`` without the held-out photos INT8 calibration chose its fp32 layers on, and how many went.
-
-    The sensitivity search keeps layers fp32 until ΔCIDEr on those photos is small, so grading the int8 gate on
-    them would grade the search on its own selection set.
-    """
-    q = manifest.quantization
-    if precision != "int8" or q.get("calibration_data") != data_name:
-        return records, 0
-    chosen = set(q.get("heldout_image_ids", ()))
-    kept = [r for r in records if r.image_id not in chosen]
-    if not kept:
-        raise DataError(f"every photo asked for chose the INT8 export's fp32 layers ({len(records)}); "
-                        "compare on more photos (--max-images) or another split")
-    return kept, len(records) - len(kept)
-
-
 def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, backend: str = "ort",
                precision: str = "fp32", options: SearchOptions, reference_path: Path | None = None,
                evaluator: Evaluator, data_name: str = "", batch_size: int = 25) -> ParityResult:
@@ -166,7 +148,14 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
     ``data_name`` (the dataset's name) lets an int8 gate leave out the photos calibration selected on.
     """
     manifest = Manifest.read(export_dir)
-    records, left_out = calibration_photos_left_out(records, manifest, data_name, precision)
+    # INT8 calibration kept layers fp32 until ΔCIDEr on its held-out photos was small: grading the gate on them
+    # would grade the search on its own selection set.
+    chosen = manifest.int8_heldout_ids(data_name) if precision == "int8" else frozenset()
+    graded = [r for r in records if r.image_id not in chosen]
+    if not graded:
+        raise DataError(f"every photo asked for chose the INT8 export's fp32 layers ({len(records)}); "
+                        "compare on more photos (--max-images) or another split")
+    records, left_out = graded, len(records) - len(graded)
     check_options(manifest, options, export_dir)  # the search a deployed Captioner would run, or none
     loaded = load_reference(manifest, reference_path)
     k = manifest.topk

@@ -91,6 +91,12 @@ class Manifest:
         file = self.graphs[precision][graph]
         return next((p for p in ("fp32", "fp16", "int8") if self.graphs.get(p, {}).get(graph) == file), precision)
 
+    def int8_heldout_ids(self, dataset_name: str) -> frozenset[str]:
+        """Ids of ``dataset_name``'s photos on which INT8 calibration chose the layers kept fp32; empty when it
+        scored another dataset's photos (or predates recording them)."""
+        q = self.quantization
+        return frozenset(q.get("heldout_image_ids", ())) if q.get("calibration_data") == dataset_name else frozenset()
+
 
 def file_sha256(path: Path) -> str:
     """Hex sha256 of a file, read in 1 MiB blocks: the digests manifests record for checkpoints and graphs."""

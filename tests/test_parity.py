@@ -74,7 +74,7 @@ def test_parity_refuses_a_reference_that_is_not_the_exported_checkpoint(tiny_exp
 
 
 @pytest.mark.slow
-def test_int8_gate_leaves_out_the_photos_calibration_chose_layers_on(int8_export, tmp_path):
+def test_int8_gate_leaves_out_the_photos_calibration_chose_layers_on_and_eval_says_so(int8_export, tmp_path):
     heldout = set(Manifest.read(int8_export).quantization["heldout_image_ids"])
     dev = load_dataset("shapes").split("dev")[:60]
     chosen = sum(r.image_id in heldout for r in dev)
@@ -86,3 +86,6 @@ def test_int8_gate_leaves_out_the_photos_calibration_chose_layers_on(int8_export
         assert report["calibration_photos_left_out"] == left_out, output
         assert report["n_images"] == 60 - left_out
         assert ("left out:" in output) == bool(left_out)
+    code, output = invoke("eval", str(int8_export), "--data", "shapes", "--split", "dev", "--max-images", "60",
+                          "--precision", "int8")
+    assert code == 0 and f"note: {chosen} of these 60 photos chose which INT8 layers stay fp32" in output, output
