@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -234,18 +235,12 @@ def caption(
     options = _search_options(beam, length_penalty, block_trigrams)
     paths = image_files(images)
     if backend in (Backend.ort, Backend.trt):
-        captioner = _open_export(model, backend, precision, device)
-
-        def caption_batch(batch: list[Path]) -> list:
-            return captioner.caption(batch, options)
+        caption_batch = partial(_open_export(model, backend, precision, device).caption, options=options)
     else:
         from edgecap.captioning import caption_images
         from edgecap.training.checkpoint import load_model
 
-        loaded = load_model(model)
-
-        def caption_batch(batch: list[Path]) -> list:
-            return caption_images(loaded, batch, options)
+        caption_batch = partial(caption_images, load_model(model), options=options)
     failed = 0
     for i, result in enumerate(_caption_each(paths, caption_batch)):
         if isinstance(result, ImageError):

@@ -105,12 +105,17 @@ def _unidentified_message(path: Path) -> str:
     return f"{path}: not an image PIL can read ({what}); convert it to JPEG or PNG"
 
 
-def _decode(path: Path, image: Image.Image, target_size: int | None) -> Image.Image:
-    """An opened file -> a new 8-bit RGB image (so the file may be closed), upright, size checked first."""
+def _refuse_oversize(name: Path | str, image: Image.Image) -> None:
+    """An ImageError naming ``name`` when ``image`` has more pixels than edgecap decodes (``MAX_PIXELS``)."""
     width, height = image.size
     if width * height > MAX_PIXELS:
-        raise ImageError(f"{path}: {width}x{height} pixels is over edgecap's limit of {MAX_PIXELS / 1e6:g} "
+        raise ImageError(f"{name}: {width}x{height} pixels is over edgecap's limit of {MAX_PIXELS / 1e6:g} "
                          "megapixels; downscale it (e.g. to 4000 px wide) first")
+
+
+def _decode(path: Path, image: Image.Image, target_size: int | None) -> Image.Image:
+    """An opened file -> a new 8-bit RGB image (so the file may be closed), upright, size checked first."""
+    _refuse_oversize(path, image)
     if target_size:
         image.draft("RGB", (target_size, target_size))  # no-op for formats other than JPEG
     ImageOps.exif_transpose(image, in_place=True)
@@ -172,10 +177,7 @@ def frame_to_array(frame: Image.Image | np.ndarray, prep: Preprocessing, *, name
         frame = Image.fromarray(np.ascontiguousarray(frame))
     elif not isinstance(frame, Image.Image):
         raise ImageError(f"{name}: expected a PIL image or a numpy array, got {type(frame).__name__}")
-    width, height = frame.size
-    if width * height > MAX_PIXELS:
-        raise ImageError(f"{name}: {width}x{height} pixels is over edgecap's limit of {MAX_PIXELS / 1e6:g} "
-                         "megapixels; downscale it first")
+    _refuse_oversize(name, frame)
     return to_array(frame, prep)
 
 
