@@ -33,6 +33,8 @@ class TrainConfig:
     max_steps: int = 0  # stop cross-entropy after this many optimiser steps (0: no limit)
     grad_clip: float = 2.0  # max global gradient norm
     label_smoothing: float = 0.0  # cross-entropy: weight eps of the uniform target, (1-eps) nll + eps mean_v -log p_v
+    ema_decay: float = 0.0  # d of an exponential moving average of the weights that dev selection scores and
+    # best.pt keeps (0: the raw weights); ~0.998 averages the last ~500 steps
     patience: int = 3  # epochs without a better dev CIDEr before stopping a phase
     seed: int = 0  # seeds torch, numpy and the batch order
     min_word_count: int = 5  # rarer training words become <unk>
@@ -56,6 +58,8 @@ class TrainConfig:
             raise EdgecapError(f"train.scst_baseline=mean needs train.scst_samples >= 2, got {self.scst_samples}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise EdgecapError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise EdgecapError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
         for name in ("batch_size", "epochs", "eval_beam", "max_caption_length"):
             if getattr(self, name) < 1:
                 raise EdgecapError(f"train.{name} must be >= 1, got {getattr(self, name)}")

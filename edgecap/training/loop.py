@@ -8,6 +8,7 @@ so a kill loses at most the epoch in progress.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -34,6 +35,7 @@ from edgecap.training.c2f import c2f_loss
 from edgecap.training.checkpoint import checkpoint_payload, read_checkpoint, save_atomic
 from edgecap.training.cider import CiderD
 from edgecap.training.data import ImageFeatures, caption_pairs, tokenised_references
+from edgecap.training.ema import WeightAverage
 from edgecap.training.scst import scst_loss
 from edgecap.vocab import PAD, Vocab
 
@@ -106,6 +108,7 @@ class Trainer:
         self.train_cider: CiderD | None = None  # built when the self-critical phase starts
         self.state = {"phase": "xe", "epoch": 0, "step": 0, "best_cider": -1.0, "bad_epochs": 0, "hard_baseline": 0.0}
         self.optimizer = self._optimizer(self.cfg.lr)
+        self.average = WeightAverage(self.captioner, self.cfg.ema_decay) if self.cfg.ema_decay else None
 
     def _optimizer(self, lr: float) -> torch.optim.Optimizer:
         """AdamW over the decoder and, when it trains, the encoder at ``encoder_lr / lr`` of the rate (its scale)."""
@@ -132,6 +135,8 @@ class Trainer:
             return
         payload = self._payload(metrics)
         payload["train_state"] = {**self.state, "optimizer": self.optimizer.state_dict()}
+        if self.average:
+            payload["train_state"]["weight_average"] = self.average.state_dict()
         save_atomic(payload, self.run_dir / "last.pt")
 
     def resume(self) -> None:
@@ -143,6 +148,9 @@ class Trainer:
         if train_state["phase"] == "scst":
             self.optimizer = self._optimizer(self.cfg.scst_lr)
         self.optimizer.load_state_dict(train_state.pop("optimizer"))
+        average = train_state.pop("weight_average", None)
+        if self.average and average:
+            self.average.load_state_dict(average)
         if train_state["phase"] == "scst":  # the self-critical rate is constant: take it from config.json
             self._set_lr(self.cfg.scst_lr)
         self.state.update(train_state)
@@ -192,6 +200,8 @@ class Trainer:
         distributed.sum_gradients(self.captioner, self.dist)
         torch.nn.utils.clip_grad_norm_(self.captioner.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
+        if self.average:
+            self.average.update()
         self.state["step"] += 1
 
     def _xe_epoch(self, epoch: int) -> float:
@@ -284,16 +294,19 @@ class Trainer:
     # -- the run ---------------------------------------------------------------------------------------------
     def _end_epoch(self, phase: str, epoch: int, train_value: float, started: float) -> None:
         # Rank 0 alone evaluates and writes; every rank takes its score, so all make the same selection and
-        # early-stopping decisions and leave the loop together.
-        dev_cider = distributed.broadcast(self.evaluate() if self.dist.is_main else None, self.dist)
-        improved = dev_cider > self.state["best_cider"]
-        metrics = {"phase": phase, "epoch": epoch + 1, "step": self.state["step"], "dev_cider": round(dev_cider, 3),
-                   ("train_loss" if phase == "xe" else "train_reward"): round(train_value, 4),
-                   "seconds": round(time.time() - started, 1)}
+        # early-stopping decisions and leave the loop together. With a weight average, it is what is scored
+        # and kept; last.pt keeps the raw weights training goes on from.
+        with self.average.applied() if self.average else contextlib.nullcontext():
+            dev_cider = distributed.broadcast(self.evaluate() if self.dist.is_main else None, self.dist)
+            improved = dev_cider > self.state["best_cider"]
+            metrics = {"phase": phase, "epoch": epoch + 1, "step": self.state["step"],
+                       "dev_cider": round(dev_cider, 3),
+                       ("train_loss" if phase == "xe" else "train_reward"): round(train_value, 4),
+                       "seconds": round(time.time() - started, 1)}
+            if improved and self.dist.is_main:
+                save_atomic(self._payload(metrics), self.run_dir / "best.pt")
         if improved:
             self.state["best_cider"], self.state["bad_epochs"] = dev_cider, 0
-            if self.dist.is_main:
-                save_atomic(self._payload(metrics), self.run_dir / "best.pt")
         else:
             self.state["bad_epochs"] += 1
         self.state["epoch"] = epoch + 1
@@ -307,6 +320,8 @@ class Trainer:
     def _start_scst(self) -> None:
         best = read_checkpoint(self.run_dir / "best.pt")
         self._load_weights(best)
+        if self.average:
+            self.average.reset()
         self.optimizer = self._optimizer(self.cfg.scst_lr)
         self.state.update(phase="scst", epoch=0, bad_epochs=0)
 
