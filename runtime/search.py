@@ -120,6 +120,12 @@ def ending_mask(banned_endings: frozenset[int]) -> np.ndarray:
     return mask
 
 
+def never_words(ban_unk: bool) -> int:
+    """Ids below this are never emitted (pad, bos, unk when banned), eos excepted: the vocabulary's specials
+    come first, in that order, so one comparison finds them."""
+    return UNK + 1 if ban_unk else EOS
+
+
 def filter_candidates(logprobs: np.ndarray, ids: np.ndarray, *, history: np.ndarray, position: int,
                       options: SearchOptions, banned_endings: frozenset[int] = frozenset()) -> np.ndarray:
     """Candidate log-probs float64 (R, k) with banned continuations set to -inf.
@@ -128,14 +134,13 @@ def filter_candidates(logprobs: np.ndarray, ids: np.ndarray, *, history: np.ndar
     The end at ``max_length`` is not a filter: see :func:`force_end`.
     """
     out = logprobs.astype(np.float64)  # a copy: the session keeps its buffer
-    banned = (ids == PAD) | (ids == BOS)  # never words
-    if options.ban_unk:
-        banned |= ids == UNK
     eos = ids == EOS
+    banned = (ids < never_words(options.ban_unk)) & ~eos
     if position < options.min_length:
         banned |= eos
-    if position > 0 and len(banned_endings):
-        banned |= eos & ending_mask(banned_endings)[np.minimum(history[:, -1], max(banned_endings) + 1), None]
+    if position > 0 and banned_endings:
+        mask = ending_mask(banned_endings)
+        banned |= eos & mask[np.minimum(history[:, -1], len(mask) - 1), None]
     if options.block_trigrams:
         banned |= repeats_trigram(history, ids)
     out[banned] = NEG_INF
@@ -177,12 +182,12 @@ def update_beams(cumulative: np.ndarray, scores: np.ndarray, ids: np.ndarray, be
     flat_ids = ids.reshape(batch, rows * k)
     images = np.arange(batch)[:, None]
     is_eos = flat_ids == EOS
-    top = np.argsort(-totals, axis=1, kind="stable")[:, :beam]
+    top = (-totals).argsort(axis=1, kind="stable")[:, :beam]
     top_totals = totals[images, top]
     ended = is_eos[images, top] & np.isfinite(top_totals)
-    ended_image, ended_rank = np.nonzero(ended)
+    ended_image, ended_rank = ended.nonzero()
     live = np.where(is_eos, NEG_INF, totals)
-    choice = np.argsort(-live, axis=1, kind="stable")[:, :beam]
+    choice = (-live).argsort(axis=1, kind="stable")[:, :beam]
     return BeamUpdate(parent=choice // k, words=flat_ids[images, choice],
                       cumulative=live[images, choice], ended_image=ended_image,
                       ended_row=top[ended_image, ended_rank] // k, ended_logprob=top_totals[ended])
@@ -231,7 +236,7 @@ class _Finished:
         rows = np.array([r.row for r in flat])
         traced = np.zeros((len(flat), steps.max() + 1, attentions[0].shape[-1]), dtype=np.float32)
         for s in range(steps.max(), -1, -1):
-            active = np.flatnonzero(steps >= s)
+            active = (steps >= s).nonzero()[0]
             traced[active, s] = attentions[s][rows[active]]
             rows[active] = reorders[s][rows[active]]
         it = iter(range(len(flat)))
@@ -286,10 +291,11 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
             row = b * beam + r
             finished.add(b, history[row], logprob, step=position, row=row)
         alive = np.isfinite(update.cumulative[:, 0])
-        for b in np.flatnonzero(~done & ~alive & (finished.count == 0)).tolist():
-            r = int(np.argmax(cumulative[b]))
-            row = b * beam + r
-            finished.add(b, history[row], float(cumulative[b, r]), step=position, row=row)
+        if not alive.all():
+            for b in (~done & ~alive & (finished.count == 0)).nonzero()[0].tolist():
+                r = int(cumulative[b].argmax())
+                row = b * beam + r
+                finished.add(b, history[row], float(cumulative[b, r]), step=position, row=row)
         # Adding words only lowers a log-prob (<= 0), so no live beam can score above best / max_length**alpha.
         bound = update.cumulative[:, 0] / options.max_length ** alpha
         done |= ~alive | ((finished.count == beam) & (bound <= finished.worst))
