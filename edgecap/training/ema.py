@@ -26,7 +26,6 @@ class WeightAverage:
         self.decay = decay
         self.params = {name: p for name, p in module.named_parameters() if p.requires_grad}
         self.shadow: dict[str, torch.Tensor] = {}
-        self.updates = 0
         self.reset()
 
     def reset(self) -> None:
@@ -56,7 +55,7 @@ class WeightAverage:
                     p.copy_(own[name])
 
     def state_dict(self) -> dict:
-        return {"updates": self.updates, "shadow": {k: v.detach().cpu() for k, v in self.shadow.items()}}
+        return {"updates": self.updates, "shadow": {k: v.cpu() for k, v in self.shadow.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         missing = set(self.params) - set(state["shadow"])
