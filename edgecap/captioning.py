@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -11,12 +12,14 @@ from tqdm import tqdm
 
 from edgecap.data.features import cached_features
 from edgecap.data.records import ImageRecord
-from edgecap.evaluation import EvalResult, Evaluator, score_captions
 from edgecap.preprocess import load_images
 from edgecap.runtime.pipeline import Caption
 from edgecap.runtime.search import SearchOptions
 from edgecap.torch_backend import search_features
 from edgecap.training.checkpoint import LoadedModel
+
+if TYPE_CHECKING:  # scoring needs pycocoevalcap (the metrics extra); captioning does not
+    from edgecap.evaluation import EvalResult, Evaluator
 
 
 @torch.no_grad()
@@ -49,6 +52,8 @@ def split_features(loaded: LoadedModel, records: Sequence[ImageRecord]) -> np.nd
 def evaluate_model(loaded: LoadedModel, records: Sequence[ImageRecord], options: SearchOptions, *,
                    evaluator: Evaluator) -> EvalResult:
     """Caption every record with beam search and score against its human references."""
+    from edgecap.evaluation import score_captions
+
     features = split_features(loaded, records)
     hyps = search_features(loaded.captioner.decoder, features, loaded.vocab, options)
     captions = {r.image_id: loaded.vocab.decode(h.tokens) for r, h in zip(records, hyps, strict=True)}

@@ -9,6 +9,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from edgecap.cli import app
+from tests.without_torch import run_without
 
 SAMPLES = Path(__file__).resolve().parents[1] / "edgecap" / "assets" / "samples"
 runner = CliRunner()
@@ -174,6 +175,20 @@ def test_shipped_default_captions_the_sample_photos():
     assert len(captions) == len(photos) and all(len(c.split()) >= 3 for c in captions.values())
     # The grayscale cameraman is the one sample inside Flickr8k's world of people outdoors.
     assert {"man", "person", "camera"} & set(captions[str(SAMPLES / "camera.jpg")].split())
+
+
+def test_captioning_needs_no_scoring_package():
+    """Only eval and parity score (pycocoevalcap, the metrics extra); a PyTorch install without it captions."""
+    photo = str(SAMPLES / "coffee.jpg")
+    output = run_without("pycocoevalcap", f"""
+        from edgecap.cli import main
+        sys.argv = ["edgecap", "caption", {photo!r}, "--beam", "1"]
+        try:
+            main()
+        except SystemExit as done:
+            assert not done.code, done.code
+    """)
+    assert output.startswith(f"{photo}: ") and len(output.split()) >= 4
 
 
 @pytest.mark.parametrize("make", ["missing", "empty", "text", "directory"])

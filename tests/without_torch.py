@@ -1,22 +1,29 @@
-"""Run a snippet in a fresh interpreter where importing torch raises: how the torch-free parts are proven so."""
+"""Run a snippet in a fresh interpreter where importing a package raises (torch by default): how the parts that
+must work without it are proven so."""
 
 import subprocess
 import sys
 import textwrap
 
-BLOCK_TORCH = textwrap.dedent("""
+BLOCKER = textwrap.dedent("""
     import sys
-    class BlockTorch:
+    class Block:
         def find_spec(self, name, path=None, target=None):
-            if name == "torch" or name.startswith("torch."):
-                raise ImportError("torch is blocked in this test")
-    sys.meta_path.insert(0, BlockTorch())
+            if name == {package!r} or name.startswith({package!r} + "."):
+                raise ImportError({package!r} + " is blocked in this test")
+    sys.meta_path.insert(0, Block())
 """)
 
 
-def run_without_torch(body: str, *, timeout: float = 120) -> str:
-    """Run ``body`` after the torch blocker; assert it succeeded and left torch unimported; return its stdout."""
-    code = BLOCK_TORCH + textwrap.dedent(body) + '\nassert "torch" not in sys.modules, "torch was imported"\n'
+def run_without(package: str, body: str, *, timeout: float = 120) -> str:
+    """Run ``body`` after the blocker of ``package``; assert it succeeded and left ``package`` unimported; return
+    its stdout."""
+    check = f"\nassert {package!r} not in sys.modules, {package + ' was imported'!r}\n"
+    code = BLOCKER.format(package=package) + textwrap.dedent(body) + check
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def run_without_torch(body: str, *, timeout: float = 120) -> str:
+    return run_without("torch", body, timeout=timeout)
