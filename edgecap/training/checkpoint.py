@@ -58,6 +58,18 @@ def checkpoint_payload(captioner: Captioner, *, model_id: str, vocab: Vocab, pre
     }
 
 
+def on_cpu(tree):
+    """``tree`` (nested dicts and lists) with every tensor moved to the CPU, so a checkpoint written on a GPU loads
+    anywhere; an optimizer moves its state back to its parameters' device when it loads it."""
+    if isinstance(tree, torch.Tensor):
+        return tree.cpu()
+    if isinstance(tree, dict):
+        return {key: on_cpu(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [on_cpu(value) for value in tree]
+    return tree
+
+
 def save_atomic(payload: dict, path: Path) -> None:
     """Write to a temp file in the same folder, then rename: a kill never leaves half a checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)

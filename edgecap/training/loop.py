@@ -32,7 +32,7 @@ from edgecap.runtime.search import SearchOptions
 from edgecap.torch_backend import captions_of, search_features
 from edgecap.training import distributed
 from edgecap.training.c2f import c2f_loss
-from edgecap.training.checkpoint import checkpoint_payload, read_checkpoint, save_atomic
+from edgecap.training.checkpoint import checkpoint_payload, on_cpu, read_checkpoint, save_atomic
 from edgecap.training.cider import CiderD
 from edgecap.training.data import ImageFeatures, caption_pairs, tokenised_references
 from edgecap.training.ema import WeightAverage
@@ -134,7 +134,7 @@ class Trainer:
         if not self.dist.is_main:
             return
         payload = self._payload(metrics)
-        payload["train_state"] = {**self.state, "optimizer": self.optimizer.state_dict()}
+        payload["train_state"] = {**self.state, "optimizer": on_cpu(self.optimizer.state_dict())}
         if self.average:
             payload["train_state"]["weight_average"] = self.average.state_dict()
         save_atomic(payload, self.run_dir / "last.pt")
