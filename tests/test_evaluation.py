@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from edgecap.errors import EdgecapError
-from edgecap.evaluation import SPICE_JARS, Evaluator, paired_bootstrap_ci, spice_skip_reason
+
+pytest.importorskip("pycocoevalcap", reason="scoring needs pycocoevalcap (pip install edgecap[metrics])")
+from edgecap.evaluation import SPICE_JARS, Evaluator, paired_bootstrap_ci, spice_skip_reason  # noqa: E402
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap's tokenizer and METEOR need java")
 

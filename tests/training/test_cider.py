@@ -3,10 +3,12 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from pycocoevalcap.cider.cider import Cider
 
 from edgecap.training.cider import CiderD, corpus_cider
 from edgecap.vocab import tokenize
+
+Cider = pytest.importorskip("pycocoevalcap.cider.cider", reason="the reference CIDEr is pycocoevalcap's "
+                            "(pip install edgecap[metrics])").Cider
 
 SUBJECTS = ["a dog", "two dogs", "a man", "a little girl", "a woman", "the boy", "a brown dog", "people"]
 VERBS = ["runs", "is running", "jumps", "sits", "plays", "walks", "is standing"]
