@@ -113,7 +113,8 @@ def repeats_trigram(history: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 @lru_cache(maxsize=8)
 def ending_mask(banned_endings: frozenset[int]) -> np.ndarray:
-    """bool (max id + 2,): True at the banned ids; the last entry (False) stands for every larger id."""
+    """bool (max id + 2,): True at the banned ids; the last entry (False) stands for every larger id
+    (``np.take(..., mode="clip")``)."""
     mask = np.zeros(max(banned_endings, default=-1) + 2, dtype=bool)
     mask[list(banned_endings)] = True
     mask.flags.writeable = False
@@ -126,21 +127,30 @@ def never_words(ban_unk: bool) -> int:
     return UNK + 1 if ban_unk else EOS
 
 
+@lru_cache(maxsize=2)
+def never_mask(ban_unk: bool) -> np.ndarray:
+    """bool (never_words + 1,): True at the ids that are never emitted; the last entry (False) stands for every
+    larger id, so one ``np.take(..., mode="clip")`` bans them (and eos stays allowed)."""
+    mask = np.arange(never_words(ban_unk) + 1) < never_words(ban_unk)
+    mask[EOS] = False
+    mask.flags.writeable = False
+    return mask
+
+
 def filter_candidates(logprobs: np.ndarray, ids: np.ndarray, *, history: np.ndarray, position: int,
                       options: SearchOptions, banned_endings: frozenset[int] = frozenset()) -> np.ndarray:
     """Candidate log-probs float64 (R, k) with banned continuations set to -inf.
 
     ``ids`` (R, k) are the candidates of rows whose word history is ``history`` (R, position).
-    The end at ``max_length`` is not a filter: see :func:`force_end`.
+    The end at ``max_length`` is not a filter: see :func:`force_end`. Every step runs this, so it keeps to a few
+    numpy calls: table lookups instead of chains of comparisons.
     """
     out = logprobs.astype(np.float64)  # a copy: the session keeps its buffer
-    eos = ids == EOS
-    banned = (ids < never_words(options.ban_unk)) & ~eos
+    banned = never_mask(options.ban_unk).take(ids, mode="clip")
     if position < options.min_length:
-        banned |= eos
-    if position > 0 and banned_endings:
-        mask = ending_mask(banned_endings)
-        banned |= eos & mask[np.minimum(history[:, -1], len(mask) - 1), None]
+        banned |= ids == EOS
+    elif position > 0 and banned_endings:
+        banned |= (ids == EOS) & ending_mask(banned_endings).take(history[:, -1], mode="clip")[:, None]
     if options.block_trigrams:
         banned |= repeats_trigram(history, ids)
     out[banned] = NEG_INF
@@ -170,21 +180,31 @@ class BeamUpdate(NamedTuple):
     ended_logprob: np.ndarray  # float64 (E,): its total log-prob, eos included
 
 
+_NO_ROWS = np.zeros(0, dtype=np.int64)  # what a step at which nothing ends reports
+_NO_LOGPROBS = np.zeros(0, dtype=np.float64)
+
+
 def update_beams(cumulative: np.ndarray, scores: np.ndarray, ids: np.ndarray, beam: int) -> BeamUpdate:
     """Choose each image's next beams among rows x k candidates by cumulative log-prob.
 
-    cumulative (B, R) log-prob of each row; scores (B, R, k) filtered log-probs of its candidates ids (B, R, k).
-    An eos among an image's best ``beam`` candidates ends that hypothesis (so one beam is greedy decoding); the
-    beams go on with the best ``beam`` other candidates. Ties keep row-then-rank order (stable sorts).
+    cumulative (B, R) log-prob of each row; scores (B * R, k) filtered log-probs of its candidates ids (B * R, k),
+    image-major. An eos among an image's best ``beam`` candidates ends that hypothesis (so one beam is greedy
+    decoding); the beams go on with the best ``beam`` other candidates. Ties keep row-then-rank order (stable sorts).
     """
-    batch, rows, k = scores.shape
-    totals = (cumulative[:, :, None] + scores).reshape(batch, rows * k)
-    flat_ids = ids.reshape(batch, rows * k)
+    batch, k = len(cumulative), scores.shape[1]
+    totals = (scores + cumulative.reshape(-1, 1)).reshape(batch, -1)
+    flat_ids = ids.reshape(batch, -1)
     images = np.arange(batch)[:, None]
     is_eos = flat_ids == EOS
     top = (-totals).argsort(axis=1, kind="stable")[:, :beam]
+    top_is_eos = is_eos[images, top]
+    if not top_is_eos.any():
+        # Nothing ends, and the best candidates are the next beams: taking the eos out of the ranking cannot
+        # move a candidate above them (the common step, so it skips the second sort).
+        return BeamUpdate(parent=top // k, words=flat_ids[images, top], cumulative=totals[images, top],
+                          ended_image=_NO_ROWS, ended_row=_NO_ROWS, ended_logprob=_NO_LOGPROBS)
     top_totals = totals[images, top]
-    ended = is_eos[images, top] & np.isfinite(top_totals)
+    ended = top_is_eos & np.isfinite(top_totals)
     ended_image, ended_rank = ended.nonzero()
     live = np.where(is_eos, NEG_INF, totals)
     choice = (-live).argsort(axis=1, kind="stable")[:, :beam]
@@ -234,11 +254,14 @@ class _Finished:
             return [[] for _ in self.records]
         steps = np.array([r.step for r in flat])
         rows = np.array([r.row for r in flat])
-        traced = np.zeros((len(flat), steps.max() + 1, attentions[0].shape[-1]), dtype=np.float32)
-        for s in range(steps.max(), -1, -1):
-            active = (steps >= s).nonzero()[0]
-            traced[active, s] = attentions[s][rows[active]]
-            rows[active] = reorders[s][rows[active]]
+        last = int(steps.max())
+        active = steps >= np.arange(last + 1)[:, None]  # (S, H): hypothesis h was alive at step s
+        path = np.empty((last + 1, len(flat)), dtype=np.int64)  # (S, H): its row at step s (junk after it ended)
+        for s in range(last, -1, -1):
+            path[s] = rows
+            rows = np.where(active[s], reorders[s][rows], rows)
+        traced = np.stack(attentions[: last + 1])[np.arange(last + 1)[:, None], path]  # (S, H, L)
+        traced = np.ascontiguousarray(traced.transpose(1, 0, 2))
         it = iter(range(len(flat)))
         return [[Hypothesis(r.tokens, r.logprob, r.score, traced[next(it), : r.step + 1]) for r in kept]
                 for kept in self.records]
@@ -262,7 +285,8 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
     endings = frozenset(bad_ending_ids)
     finished = _Finished(batch_size, beam, alpha)
     done = np.zeros(batch_size, dtype=bool)
-    images = np.arange(batch_size, dtype=np.int64)[:, None]
+    first_rows = np.arange(0, batch_size * beam, beam, dtype=np.int64)[:, None]  # (B, 1): row of each image's beam 0
+    length_bound = options.max_length ** alpha
     rows = batch_size * beam
     cumulative = np.full((batch_size, beam), NEG_INF)  # (B, beam): log-prob of each live beam
     cumulative[:, 0] = 0.0
@@ -285,24 +309,25 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
                                        banned_endings=endings)
         else:
             scores, ids = force_end(logprobs, ids)
-        update = update_beams(cumulative, scores.reshape(batch_size, beam, -1), ids.reshape(batch_size, beam, -1), beam)
-        for b, r, logprob in zip(update.ended_image.tolist(), update.ended_row.tolist(), update.ended_logprob.tolist(),
-                                 strict=True):
-            row = b * beam + r
-            finished.add(b, history[row], logprob, step=position, row=row)
-        alive = np.isfinite(update.cumulative[:, 0])
+        update = update_beams(cumulative, scores, ids, beam)
+        if len(update.ended_image):
+            for b, r, logprob in zip(update.ended_image.tolist(), update.ended_row.tolist(),
+                                     update.ended_logprob.tolist(), strict=True):
+                row = b * beam + r
+                finished.add(b, history[row], logprob, step=position, row=row)
+        best = update.cumulative[:, 0]
+        alive = np.isfinite(best)
         if not alive.all():
             for b in (~done & ~alive & (finished.count == 0)).nonzero()[0].tolist():
                 r = int(cumulative[b].argmax())
                 row = b * beam + r
                 finished.add(b, history[row], float(cumulative[b, r]), step=position, row=row)
         # Adding words only lowers a log-prob (<= 0), so no live beam can score above best / max_length**alpha.
-        bound = update.cumulative[:, 0] / options.max_length ** alpha
-        done |= ~alive | ((finished.count == beam) & (bound <= finished.worst))
+        done |= ~alive | ((finished.count == beam) & (best / length_bound <= finished.worst))
         if done.all() or position == options.max_length:
             break
-        reorder = (images * beam + update.parent).reshape(-1)
+        reorder = (first_rows + update.parent).reshape(-1)
         history = np.concatenate([history[reorder], update.words.reshape(-1, 1)], axis=1)
-        cumulative = np.where(done[:, None], NEG_INF, update.cumulative)
+        cumulative = np.where(done[:, None], NEG_INF, update.cumulative) if done.any() else update.cumulative
         tokens = np.where(np.isfinite(cumulative), update.words, PAD).reshape(-1).astype(np.int64, copy=False)
     return finished.hypotheses(attentions, reorders)
