@@ -344,3 +344,45 @@ def test_options_are_validated_naming_the_bad_value(fields, error, message):
 
 def test_candidates_default_to_twice_the_beam():
     assert SearchOptions(beam_size=3).k == 6 and SearchOptions(beam_size=3, candidates=4).k == 4
+
+
+def _reference_update(cumulative: np.ndarray, scores: np.ndarray, ids: np.ndarray, beam: int):
+    """The beam update rule in plain Python: per image, candidates ranked by total (ties: row, then rank); the best
+    ``beam`` that are eos (and finite) end, the best ``beam`` that are not eos go on."""
+    batch, k = len(cumulative), scores.shape[1]
+    parents, words, totals, ended = [], [], [], []
+    for b in range(batch):
+        candidates = [(cumulative[b, r] + scores[b * beam + r, j], r * k + j, r, int(ids[b * beam + r, j]))
+                      for r in range(cumulative.shape[1]) for j in range(k)]
+        ranked = sorted(candidates, key=lambda c: (-c[0], c[1]))
+        ended += [(b, r, total) for total, _, r, word in ranked[:beam] if word == EOS and np.isfinite(total)]
+        live = sorted(((total if word != EOS else -np.inf, i, r, word) for total, i, r, word in candidates),
+                      key=lambda c: (-c[0], c[1]))[:beam]
+        parents.append([r for _, _, r, _ in live])
+        words.append([w for _, _, _, w in live])
+        totals.append([t for t, _, _, _ in live])
+    return parents, words, totals, ended
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_beam_update_matches_the_rule_with_ties_eos_and_dead_rows(seed):
+    from edgecap.runtime.search import update_beams
+
+    rng = np.random.default_rng(seed)
+    batch, beam = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    k = 2 * beam
+    cumulative = np.round(rng.normal(-3, 1, (batch, beam)), 1)
+    cumulative[rng.random((batch, beam)) < 0.2] = -np.inf  # dead beams
+    scores = np.round(np.log(rng.random((batch * beam, k))), 1)  # rounded: ties happen
+    scores[rng.random(scores.shape) < 0.15] = -np.inf  # filtered candidates
+    ids = rng.integers(4, 12, (batch * beam, k))
+    ids[rng.random(ids.shape) < rng.choice([0.0, 0.1, 0.4])] = EOS
+    update = update_beams(cumulative, scores, ids, beam)
+    parents, words, totals, ended = _reference_update(cumulative, scores, ids, beam)
+    finite = np.isfinite(update.cumulative)  # dead beams carry -inf; which dead candidate fills them is free
+    assert np.array_equal(finite, np.isfinite(totals))
+    assert update.parent[finite].tolist() == np.array(parents)[finite].tolist()
+    assert update.words[finite].tolist() == np.array(words)[finite].tolist()
+    assert update.cumulative[finite].tolist() == np.array(totals)[finite].tolist()
+    got = list(zip(update.ended_image.tolist(), update.ended_row.tolist(), update.ended_logprob.tolist(), strict=True))
+    assert got == [(b, r, float(t)) for b, r, t in ended]
