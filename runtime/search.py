@@ -235,6 +235,7 @@ class _Finished:
         self.records: list[list[_Finished.Record]] = [[] for _ in range(batch_size)]
         self.count = np.zeros(batch_size, dtype=np.int64)
         self.worst = np.full(batch_size, NEG_INF)  # score of each image's worst kept hypothesis
+        self.full = 0  # images that hold ``beam`` hypotheses: until one does, no image can be done by its bound
 
     def add(self, image: int, words: np.ndarray, logprob: float, *, step: int, row: int) -> None:
         """Keep the hypothesis of ``words`` (t,) ending at ``row`` of ``step`` if it is among the image's best."""
@@ -245,6 +246,8 @@ class _Finished:
         kept.append(self.Record(score, logprob, tuple(words.tolist()), step, row))
         kept.sort(key=lambda r: -r.score)  # stable
         del kept[self.beam:]
+        if len(kept) == self.beam > self.count[image]:
+            self.full += 1
         self.count[image], self.worst[image] = len(kept), kept[-1].score
 
     def hypotheses(self, attentions: list[np.ndarray], reorders: list[np.ndarray]) -> list[list[Hypothesis]]:
@@ -315,19 +318,26 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
                                      update.ended_logprob.tolist(), strict=True):
                 row = b * beam + r
                 finished.add(b, history[row], logprob, step=position, row=row)
+        # An image is done once it has no live beam (a done image's rows stay at -inf, so it stays so), or when
+        # it holds ``beam`` hypotheses and, since adding words only lowers a log-prob (<= 0), no live beam can
+        # score above best / max_length**alpha. While every beam lives and no image is full, nothing is done:
+        # the common step skips the bookkeeping.
         best = update.cumulative[:, 0]
         alive = np.isfinite(best)
-        if not alive.all():
+        all_alive = bool(alive.all())
+        if not all_alive:
             for b in (~done & ~alive & (finished.count == 0)).nonzero()[0].tolist():
                 r = int(cumulative[b].argmax())
                 row = b * beam + r
                 finished.add(b, history[row], float(cumulative[b, r]), step=position, row=row)
-        # Adding words only lowers a log-prob (<= 0), so no live beam can score above best / max_length**alpha.
-        done |= ~alive | ((finished.count == beam) & (best / length_bound <= finished.worst))
-        if done.all() or position == options.max_length:
+            done |= ~alive
+        if finished.full:
+            done |= (finished.count == beam) & (best / length_bound <= finished.worst)
+        some_done = not all_alive or finished.full and bool(done.any())
+        if position == options.max_length or some_done and done.all():
             break
         reorder = (first_rows + update.parent).reshape(-1)
         history = np.concatenate([history[reorder], update.words.reshape(-1, 1)], axis=1)
-        cumulative = np.where(done[:, None], NEG_INF, update.cumulative) if done.any() else update.cumulative
+        cumulative = np.where(done[:, None], NEG_INF, update.cumulative) if some_done else update.cumulative
         tokens = np.where(np.isfinite(cumulative), update.words, PAD).reshape(-1).astype(np.int64, copy=False)
     return finished.hypotheses(attentions, reorders)
