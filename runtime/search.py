@@ -184,6 +184,14 @@ _NO_ROWS = np.zeros(0, dtype=np.int64)  # what a step at which nothing ends repo
 _NO_LOGPROBS = np.zeros(0, dtype=np.float64)
 
 
+@lru_cache(maxsize=16)
+def _image_column(batch: int) -> np.ndarray:
+    """int64 (B, 1): 0 .. B-1, the row index that pairs with a (B, beam) column index."""
+    column = np.arange(batch)[:, None]
+    column.flags.writeable = False
+    return column
+
+
 def update_beams(cumulative: np.ndarray, scores: np.ndarray, ids: np.ndarray, beam: int) -> BeamUpdate:
     """Choose each image's next beams among rows x k candidates by cumulative log-prob.
 
@@ -194,19 +202,19 @@ def update_beams(cumulative: np.ndarray, scores: np.ndarray, ids: np.ndarray, be
     batch, k = len(cumulative), scores.shape[1]
     totals = (scores + cumulative.reshape(-1, 1)).reshape(batch, -1)
     flat_ids = ids.reshape(batch, -1)
-    images = np.arange(batch)[:, None]
-    is_eos = flat_ids == EOS
+    images = _image_column(batch)
     top = (-totals).argsort(axis=1, kind="stable")[:, :beam]
-    top_is_eos = is_eos[images, top]
+    top_words = flat_ids[images, top]
+    top_is_eos = top_words == EOS
     if not top_is_eos.any():
         # Nothing ends, and the best candidates are the next beams: taking the eos out of the ranking cannot
         # move a candidate above them (the common step, so it skips the second sort).
-        return BeamUpdate(parent=top // k, words=flat_ids[images, top], cumulative=totals[images, top],
+        return BeamUpdate(parent=top // k, words=top_words, cumulative=totals[images, top],
                           ended_image=_NO_ROWS, ended_row=_NO_ROWS, ended_logprob=_NO_LOGPROBS)
     top_totals = totals[images, top]
     ended = top_is_eos & np.isfinite(top_totals)
     ended_image, ended_rank = ended.nonzero()
-    live = np.where(is_eos, NEG_INF, totals)
+    live = np.where(flat_ids == EOS, NEG_INF, totals)
     choice = (-live).argsort(axis=1, kind="stable")[:, :beam]
     return BeamUpdate(parent=choice // k, words=flat_ids[images, choice],
                       cumulative=live[images, choice], ended_image=ended_image,
@@ -306,7 +314,8 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
                              f"log-probs, ids and attention for {len(tokens)} tokens at position {position}")
         attentions.append(np.array(attention, dtype=np.float32))
         reorders.append(reorder)
-        logprobs, ids = logprobs[:, :k], ids[:, :k]
+        if ids.shape[1] != k:  # a graph exported for a larger beam returns more candidates than this one reads
+            logprobs, ids = logprobs[:, :k], ids[:, :k]
         if position < options.max_length:
             scores = filter_candidates(logprobs, ids, history=history, position=position, options=options,
                                        banned_endings=endings)
