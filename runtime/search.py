@@ -263,16 +263,18 @@ class _Finished:
         flat = [r for kept in self.records for r in kept]
         if not flat:
             return [[] for _ in self.records]
-        steps = np.array([r.step for r in flat])
-        rows = np.array([r.row for r in flat])
-        last = int(steps.max())
-        active = steps >= np.arange(last + 1)[:, None]  # (S, H): hypothesis h was alive at step s
-        path = np.empty((last + 1, len(flat)), dtype=np.int64)  # (S, H): its row at step s (junk after it ended)
-        for s in range(last, -1, -1):
-            path[s] = rows
-            rows = np.where(active[s], reorders[s][rows], rows)
-        traced = np.stack(attentions[: last + 1])[np.arange(last + 1)[:, None], path]  # (S, H, L)
-        traced = np.ascontiguousarray(traced.transpose(1, 0, 2))
+        last = max(r.step for r in flat)
+        # Each hypothesis' row at every step, followed back through the back-pointers in plain Python: a few
+        # dozen list lookups for a batch-1 caption, where a numpy call per step would cost more than the trace.
+        pointers = [reorder.tolist() for reorder in reorders[: last + 1]]
+        path = []  # (H, S): row of hypothesis h at step s (0 after it ended)
+        for record in flat:
+            rows, row = [0] * (last + 1), record.row
+            for s in range(record.step, -1, -1):
+                rows[s] = row
+                row = pointers[s][row]
+            path.append(rows)
+        traced = np.stack(attentions[: last + 1])[np.arange(last + 1), np.array(path, dtype=np.int64)]  # (H, S, L)
         it = iter(range(len(flat)))
         return [[Hypothesis(r.tokens, r.logprob, r.score, traced[next(it), : r.step + 1]) for r in kept]
                 for kept in self.records]
