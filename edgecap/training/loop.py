@@ -110,6 +110,17 @@ class Trainer:
         self.optimizer = self._optimizer(self.cfg.lr)
         self.average = WeightAverage(self.captioner, self.cfg.ema_decay) if self.cfg.ema_decay else None
 
+    def describe(self) -> str:
+        """One line for the start of a run: what trains, where, on how much data (so a GPU user sees it is used)."""
+        device = self.dist.device
+        where = f"{device.type} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else device.type
+        if self.dist.world_size > 1:
+            where += f" x {self.dist.world_size} processes"
+        trainable = sum(p.numel() for p in self.captioner.parameters() if p.requires_grad)
+        return (f"{self.run_dir}: {self.spec.model_id}, {trainable / 1e6:.1f} M trainable parameters on {where}; "
+                f"{len(self.train_records)} training photos ({len(self.pairs.tokens)} captions), "
+                f"{len(self.dev_records)} dev photos")
+
     def _optimizer(self, lr: float) -> torch.optim.Optimizer:
         """AdamW over the decoder and, when it trains, the encoder at ``encoder_lr / lr`` of the rate (its scale)."""
         groups = [{"params": list(self.captioner.decoder.parameters()), "scale": 1.0}]
@@ -369,6 +380,8 @@ def train(*, run_dir: Path, spec: RunSpec, resume: bool, cache_dir: Path | None 
                 with open(run_dir / "command.txt", "a") as f:
                     f.write(" ".join(sys.argv) + "\n")
             trainer = Trainer(run_dir, spec, load_dataset(spec.data), cache_dir=cache_dir, ctx=ctx)
+        if ctx.is_main:
+            tqdm.write(trainer.describe())
         if resume:
             trainer.resume()
         return trainer.run()

@@ -40,6 +40,7 @@ def test_a_run_trains_on_the_gpu_and_its_checkpoints_load_on_the_cpu(tmp_path):
                           "--set", "train.ema_decay=0.95")
     assert code == 0, output
     assert torch.cuda.max_memory_allocated() > 0, "the run never allocated GPU memory: it trained on the CPU"
+    assert f"trainable parameters on cuda ({torch.cuda.get_device_name()})" in output
 
     phases = [json.loads(line)["phase"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert "xe" in phases and "scst" in phases

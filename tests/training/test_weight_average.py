@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 import torch
@@ -72,6 +73,7 @@ def test_best_pt_keeps_the_average_and_a_resumed_run_carries_it_on(tmp_path):
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(run), "--max-steps", "40",
                           "--scst-epochs", "0", "--set", "train.eval_images=10", "--set", "train.ema_decay=0.95")
     assert code == 0, output
+    assert re.search(r"ema: sat, [\d.]+ M trainable parameters on (cpu|cuda \(.+\)); \d+ training photos", output)
     best, last = read_checkpoint(run / "best.pt"), read_checkpoint(run / "last.pt")
     shadow = last["train_state"]["weight_average"]
     assert shadow["updates"] == 40
