@@ -344,7 +344,7 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
             done |= ~alive
         if finished.full:
             done |= (finished.count == beam) & (best / length_bound <= finished.worst)
-        some_done = not all_alive or finished.full and bool(done.any())
+        some_done = not all_alive or (finished.full > 0 and bool(done.any()))
         if position == options.max_length or some_done and done.all():
             break
         reorder = (first_rows + update.parent).reshape(-1)
