@@ -43,6 +43,8 @@ class TrainConfig:
     # applies to models whose forward returns a softmax attention "alpha" (B, T, L)
     hard_entropy: float = 0.01  # hard attention: entropy bonus lambda_e
     hard_baseline_decay: float = 0.9  # hard attention: moving-average baseline b = d*b + (1-d)*log p
+    hard_expected_share: float = 0.5  # hard attention: share of captions trained on the expected context
+    # instead of a sampled location, as the paper does for half its images (section 4.1)
     scst_epochs: int = 0  # self-critical epochs after cross-entropy (0: none)
     scst_lr: float = 2e-5  # learning rate of the self-critical phase
     scst_samples: int = 5  # sampled captions per image
@@ -58,6 +60,8 @@ class TrainConfig:
             raise EdgecapError(f"train.scst_baseline=mean needs train.scst_samples >= 2, got {self.scst_samples}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise EdgecapError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if not 0.0 <= self.hard_expected_share <= 1.0:
+            raise EdgecapError(f"train.hard_expected_share must be in [0, 1], got {self.hard_expected_share}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise EdgecapError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
         for name in ("batch_size", "epochs", "eval_beam", "max_caption_length"):

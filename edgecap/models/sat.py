@@ -73,8 +73,11 @@ class SAT(nn.Module):
         state = {spec.STATE_H: torch.tanh(self.init_h(mean)), spec.STATE_C: torch.tanh(self.init_c(mean))}
         return memory, state
 
-    def _context(self, features: torch.Tensor, alpha: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        z = torch.bmm(alpha.unsqueeze(1), features).squeeze(1)
+    @staticmethod
+    def _expected_context(features: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(alpha.unsqueeze(1), features).squeeze(1)
+
+    def _gate(self, z: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return z * torch.sigmoid(self.f_beta(h)) if self.f_beta is not None else z
 
     def _advance(self, y: torch.Tensor, z: torch.Tensor, h: torch.Tensor, c: torch.Tensor):
@@ -92,16 +95,20 @@ class SAT(nn.Module):
         h, c = state[spec.STATE_H], state[spec.STATE_C]
         features = memory[spec.MEMORY_FEATURES]
         alpha = self.attention(memory[spec.MEMORY_ATT_PROJ], h)
-        z = self._context(features, alpha, h)
+        z = self._gate(self._expected_context(features, alpha), h)
         logits, h, c = self._advance(self.embed(tokens), z, h, c)
         return torch.log_softmax(logits, dim=-1), {spec.STATE_H: h, spec.STATE_C: c}, alpha
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, *, hard: bool = False) -> dict[str, torch.Tensor]:
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, *, hard: bool = False,
+                expected: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Teacher forcing: features (B, L, D), tokens (B, T) starting with bos.
 
         Returns ``logprobs`` (B, T, V) and ``alpha`` (B, T, L); with ``hard`` the
         context is one sampled location a_s, and ``location_logprob`` (B, T) and
         ``entropy`` (B, T) feed the REINFORCE update of the paper's hard attention.
+        ``expected`` (B,) bool marks rows that take the expected context instead, as
+        the paper does for half its images (§4.1): they train as soft attention, so
+        their ``location_logprob`` and ``entropy`` are 0.
         """
         memory, state = self.prepare(features)
         h, c = state[spec.STATE_H], state[spec.STATE_C]
@@ -113,12 +120,17 @@ class SAT(nn.Module):
             if hard:
                 dist = torch.distributions.Categorical(probs=alpha)
                 location = dist.sample()
-                location_logprobs.append(dist.log_prob(location))
-                entropies.append(dist.entropy())
+                location_logprob, entropy = dist.log_prob(location), dist.entropy()
                 z = features[torch.arange(features.shape[0]), location]
-                z = z * torch.sigmoid(self.f_beta(h)) if self.f_beta is not None else z
+                if expected is not None:
+                    z = torch.where(expected.unsqueeze(1), self._expected_context(features, alpha), z)
+                    location_logprob = location_logprob.masked_fill(expected, 0)
+                    entropy = entropy.masked_fill(expected, 0)
+                location_logprobs.append(location_logprob)
+                entropies.append(entropy)
             else:
-                z = self._context(features, alpha, h)
+                z = self._expected_context(features, alpha)
+            z = self._gate(z, h)
             logits, h, c = self._advance(embedded[:, t], z, h, c)
             logprobs.append(torch.log_softmax(logits, dim=-1))
             alphas.append(alpha)

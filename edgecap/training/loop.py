@@ -238,7 +238,11 @@ class Trainer:
             length = int((tokens != PAD).sum(1).max())
             tokens = tokens[:, :length].to(self.dist.device)
             features = self.train_features.get(self.pairs.image_index[rows])
-            out = self.captioner.decoder(features, tokens[:, :-1], **({"hard": True} if hard else {}))
+            if hard:
+                expected = torch.rand(len(rows), device=self.dist.device) < cfg.hard_expected_share
+                out = self.captioner.decoder(features, tokens[:, :-1], hard=True, expected=expected)
+            else:
+                out = self.captioner.decoder(features, tokens[:, :-1])
             target = tokens[:, 1:]
             mask = (target != PAD).float()
             # Means over the global batch: this rank's sum over the global count; gradients are summed over ranks.
@@ -254,11 +258,14 @@ class Trainer:
             if cfg.doubly_stochastic and "alpha" in out:
                 coverage = (out["alpha"] * mask.unsqueeze(-1)).sum(1)
                 loss = loss + cfg.doubly_stochastic * ((1 - coverage) ** 2).sum() / (n_rows * coverage.shape[1])
-            if hard:
+            if hard:  # REINFORCE on the sampled rows; the baseline tracks their log p(y | s, a) only
                 seq_logprob = -(nll * mask).sum(1).detach()
                 baseline = self.state["hard_baseline"]
-                self.state["hard_baseline"] = cfg.hard_baseline_decay * baseline + (
-                    1 - cfg.hard_baseline_decay) * float(distributed.global_sum(seq_logprob.sum()) / n_rows)
+                sampled = (~expected).float()
+                n_sampled = float(distributed.global_sum(sampled.sum()))
+                if n_sampled:
+                    self.state["hard_baseline"] = cfg.hard_baseline_decay * baseline + (1 - cfg.hard_baseline_decay) * (
+                        float(distributed.global_sum((seq_logprob * sampled).sum())) / n_sampled)
                 location_logprob = (out["location_logprob"] * mask).sum(1)
                 entropy = (out["entropy"] * mask).sum(1)
                 loss = (loss - ((seq_logprob - baseline) * location_logprob).sum() / n_rows

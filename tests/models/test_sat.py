@@ -2,6 +2,8 @@ import pytest
 import torch
 
 from edgecap import spec
+from edgecap.config import TrainConfig
+from edgecap.errors import EdgecapError
 from edgecap.models import MODELS, build_model
 from tests.models.step_check import assert_steps_equal_forward
 
@@ -34,6 +36,25 @@ def test_hard_attention_samples_one_location_and_trains_the_attention():
     assert (out["location_logprob"] <= 0).all()
     out["location_logprob"].sum().backward()
     assert model.attention.score.weight.grad.abs().sum() > 0
+
+
+def test_hard_attention_rows_marked_expected_train_as_soft_attention():
+    torch.manual_seed(0)
+    model = build_model("sat", {**TINY, "attention": "hard"}).eval()  # no dropout: rows compare exactly
+    features, tokens = torch.randn(4, 9, 16), torch.randint(0, 40, (4, 6))
+    expected = torch.tensor([True, False, True, False])
+    hard = model(features, tokens, hard=True, expected=expected)
+    soft = model(features, tokens)
+    torch.testing.assert_close(hard["logprobs"][expected], soft["logprobs"][expected])
+    assert not torch.allclose(hard["logprobs"][~expected], soft["logprobs"][~expected])
+    assert (hard["location_logprob"][expected] == 0).all() and (hard["entropy"][expected] == 0).all()
+    assert (hard["location_logprob"][~expected] < 0).all() and (hard["entropy"][~expected] > 0).all()
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_expected_share_outside_zero_to_one_is_refused(share):
+    with pytest.raises(EdgecapError, match="hard_expected_share"):
+        TrainConfig(hard_expected_share=share)
 
 
 def test_unknown_model_option_names_the_known_ones():
