@@ -43,6 +43,14 @@ def test_both_sides_decode_with_the_requested_ranking_and_blocking(tiny_export, 
 
 
 @pytest.mark.slow
+def test_greedy_export_captions_like_greedy_pytorch(tiny_export, tmp_path):
+    code, output = parity(tiny_export / "exp", "--beam", "1", "--json", str(tmp_path / "p.json"))
+    assert code == 0, output
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert report["beam"] == 1 and report["identical_rate"] >= 0.99
+
+
+@pytest.mark.slow
 def test_one_corrupted_weight_fails_the_gate(tiny_export, tmp_path):
     import onnx
     from onnx import numpy_helper

@@ -106,6 +106,8 @@ class OrtStepSession:
         return self._run(tokens, reorder, position, [spec.LOGPROBS])[0]
 
     def tile(self, beam_size: int) -> None:
+        if beam_size == 1:  # greedy: the encoder's rows already are the search's rows, and a copy costs time
+            return
         self.memory, self.state = ({n: self._place(np.repeat(self._host(v), beam_size, axis=0)) for n, v in d.items()}
                                    for d in (self.memory, self.state))
 

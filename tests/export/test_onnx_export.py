@@ -94,7 +94,8 @@ def test_damaged_export_directories_are_one_line_errors(tiny_export, tmp_path, d
 
 
 @pytest.mark.slow
-def test_io_binding_and_fp16_graphs_caption_like_fp32(tiny_export):
+@pytest.mark.parametrize("beam", [1, 3])  # greedy skips tiling the encoder's rows
+def test_io_binding_and_fp16_graphs_caption_like_fp32(tiny_export, beam):
     from edgecap.runtime.backends.ort import OrtBackend
     from edgecap.runtime.pipeline import Captioner
     from edgecap.runtime.search import SearchOptions
@@ -102,7 +103,7 @@ def test_io_binding_and_fp16_graphs_caption_like_fp32(tiny_export):
     from edgecap.data import load_dataset
 
     images = [r.path for r in load_dataset("shapes").split("test")[:8]]
-    options = SearchOptions(beam_size=3)
+    options = SearchOptions(beam_size=beam)
     fp32 = Captioner.from_dir(tiny_export / "exp")
     bound = Captioner(OrtBackend(tiny_export / "exp", fp32.manifest, io_binding=True), fp32.manifest)
     fp16 = Captioner.from_dir(tiny_export / "exp", precision="fp16")
