@@ -35,7 +35,7 @@ class TrainConfig:
     label_smoothing: float = 0.0  # cross-entropy: weight eps of the uniform target, (1-eps) nll + eps mean_v -log p_v
     ema_decay: float = 0.0  # d of an exponential moving average of the weights that dev selection scores and
     # best.pt keeps (0: the raw weights); the decay ramps up to d as min(d, (1+n)/(10+n)) over the first n steps
-    patience: int = 3  # epochs without a better dev CIDEr before stopping a phase
+    patience: int = 3  # epochs without a better dev CIDEr in the current phase before stopping it
     seed: int = 0  # seeds torch, numpy and the batch order
     min_word_count: int = 5  # rarer training words become <unk>
     max_caption_length: int = 20  # words kept per training caption and longest decode

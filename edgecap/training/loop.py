@@ -106,7 +106,8 @@ class Trainer:
                                           cache_dir=cache_dir, label="dev features")
         self.dev_cider = CiderD(tokenised_references(self.dev_records))
         self.train_cider: CiderD | None = None  # built when the self-critical phase starts
-        self.state = {"phase": "xe", "epoch": 0, "step": 0, "best_cider": -1.0, "bad_epochs": 0, "hard_baseline": 0.0}
+        self.state = {"phase": "xe", "epoch": 0, "step": 0, "best_cider": -1.0, "phase_best": -1.0, "bad_epochs": 0,
+                      "hard_baseline": 0.0}
         self.optimizer = self._optimizer(self.cfg.lr)
         self.average = WeightAverage(self.captioner, self.cfg.ema_decay) if self.cfg.ema_decay else None
 
@@ -316,17 +317,13 @@ class Trainer:
         # and kept; last.pt keeps the raw weights training goes on from.
         with self.average.applied() if self.average else contextlib.nullcontext():
             dev_cider = distributed.broadcast(self.evaluate() if self.dist.is_main else None, self.dist)
-            improved = dev_cider > self.state["best_cider"]
+            improved = record_dev_score(self.state, dev_cider)
             metrics = {"phase": phase, "epoch": epoch + 1, "step": self.state["step"],
                        "dev_cider": round(dev_cider, 3),
                        ("train_loss" if phase == "xe" else "train_reward"): round(train_value, 4),
                        "seconds": round(time.time() - started, 1)}
             if improved and self.dist.is_main:
                 save_atomic(self._payload(metrics), self.run_dir / "best.pt")
-        if improved:
-            self.state["best_cider"], self.state["bad_epochs"] = dev_cider, 0
-        else:
-            self.state["bad_epochs"] += 1
         self.state["epoch"] = epoch + 1
         if self.dist.is_main:
             self._log(metrics)
@@ -341,7 +338,7 @@ class Trainer:
         if self.average:
             self.average.reset()
         self.optimizer = self._optimizer(self.cfg.scst_lr)
-        self.state.update(phase="scst", epoch=0, bad_epochs=0)
+        self.state.update(phase="scst", epoch=0, bad_epochs=0, phase_best=-1.0)
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -365,6 +362,23 @@ class Trainer:
             self._end_epoch("scst", epoch, self._scst_epoch(epoch), started)
         self.save_last({"best_dev_cider": self.state["best_cider"]})
         return {"best_dev_cider": self.state["best_cider"], "steps": self.state["step"]}
+
+
+def record_dev_score(state: dict, dev_cider: float) -> bool:
+    """Update the selection and patience counters of ``state`` with an epoch's dev score; True if best overall.
+
+    Patience counts epochs without a better score in the current phase, not overall: a self-critical phase
+    selected at beam 3 starts below the cross-entropy best and climbs past it only after a few epochs.
+    ``best.pt`` still changes only for the best score overall.
+    """
+    if dev_cider > state["phase_best"]:
+        state["phase_best"], state["bad_epochs"] = dev_cider, 0
+    else:
+        state["bad_epochs"] += 1
+    improved = dev_cider > state["best_cider"]
+    if improved:
+        state["best_cider"] = dev_cider
+    return improved
 
 
 def train(*, run_dir: Path, spec: RunSpec, resume: bool, cache_dir: Path | None = None, nproc: int = 1) -> dict:
