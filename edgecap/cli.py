@@ -169,7 +169,6 @@ def evaluate(
 ) -> None:
     """Score a model's beam-search captions with BLEU, METEOR, ROUGE-L and CIDEr-D."""
     from edgecap.data import load_dataset
-    from edgecap.evaluation import Evaluator, evaluate_captioner
     from edgecap.report import eval_json, eval_table, write_json
 
     options = _search_options(beam, length_penalty, block_trigrams)
@@ -195,6 +194,8 @@ def evaluate(
         if chosen:
             typer.echo(f"note: {chosen} of these {len(records)} photos chose which INT8 layers stay fp32 "
                        "(calibration's held-out photos); `edgecap parity --precision int8` leaves them out")
+    from edgecap.evaluation import Evaluator, evaluate_captioner  # after the arguments: it needs pycocoevalcap
+
     with Evaluator() as evaluator:
         if captioner is not None:
             result = evaluate_captioner(captioner, records, options, evaluator=evaluator,
@@ -399,9 +400,6 @@ def parity(
 ) -> None:
     """Gate an export: same beam search, PyTorch vs the exported graphs; exit 1 when a threshold fails."""
     from edgecap.data import load_dataset
-    from edgecap.evaluation import Evaluator
-    from edgecap.parity import run_parity
-    from edgecap.report import parity_json, parity_markdown, write_json, write_text
 
     if backend not in ("ort", "trt"):
         raise EdgecapError(f"--backend {backend}: parity compares PyTorch with 'ort' or 'trt'")
@@ -412,6 +410,10 @@ def parity(
     dataset = load_dataset(data)
     records = dataset.split(split)
     records = records[:max_images] if max_images else records
+    from edgecap.evaluation import Evaluator  # after the arguments and the data: scoring needs pycocoevalcap
+    from edgecap.parity import run_parity
+    from edgecap.report import parity_json, parity_markdown, write_json, write_text
+
     with Evaluator(spice=False) as evaluator:
         result = run_parity(export_dir, records, split=split, backend=backend, precision=precision.value,
                             options=_search_options(beam, length_penalty, block_trigrams),

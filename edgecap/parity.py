@@ -19,13 +19,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm import tqdm
 
 from edgecap.data.records import ImageRecord
 from edgecap.errors import DataError
-from edgecap.evaluation import Evaluator, Scores, paired_bootstrap_ci
 from edgecap.preprocess import load_images
 from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.pipeline import check_options, open_backend
@@ -33,6 +33,9 @@ from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, be
 from edgecap.torch_backend import TorchBackend
 from edgecap.training.checkpoint import load_reference
 from edgecap.vocab import BOS, EOS, PAD
+
+if TYPE_CHECKING:  # scoring needs pycocoevalcap; the teacher-forced check and the gate's inputs do not
+    from edgecap.evaluation import Evaluator, Scores
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,8 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
 
     ``data_name`` (the dataset's name) lets an int8 gate leave out the photos calibration selected on.
     """
+    from edgecap.evaluation import paired_bootstrap_ci  # scoring's module, which needs pycocoevalcap
+
     manifest = Manifest.read(export_dir)
     # INT8 calibration kept layers fp32 until ΔCIDEr on its held-out photos was small: grading the gate on them
     # would grade the search on its own selection set.

@@ -191,6 +191,22 @@ def test_captioning_needs_no_scoring_package():
     assert output.startswith(f"{photo}: ") and len(output.split()) >= 4
 
 
+@pytest.mark.parametrize(("args", "named"), [(["eval", "--data", "flickr8k:/nowhere"], "/nowhere"),
+                                             (["parity", "exp", "--data", "shapes", "--backend", "trt"], "TensorRT")])
+def test_a_wrong_argument_is_named_before_the_missing_scoring_package(args, named):
+    """Scoring commands check what the user typed first: fixing the install would only lead to that error."""
+    output = run_without("pycocoevalcap", f"""
+        from edgecap.cli import main
+        sys.argv = ["edgecap", *{args!r}]
+        sys.stderr = sys.stdout
+        try:
+            main()
+        except SystemExit as done:
+            print("exit", done.code)
+    """)
+    assert named in output and "pycocoevalcap" not in output and output.strip().endswith("exit 2"), output
+
+
 @pytest.mark.parametrize("make", ["missing", "empty", "text", "directory"])
 def test_bad_images_are_one_line_errors(tmp_path, make):
     path = tmp_path / "photo.jpg"

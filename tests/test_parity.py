@@ -9,10 +9,16 @@ from edgecap.runtime.manifest import Manifest
 
 from edgecap.data import load_dataset
 from tests.test_cli import invoke
+from tests.without_torch import run_without
 
 
 def parity(export_dir, *args):
     return invoke("parity", str(export_dir), "--data", "shapes", "--split", "test", "--max-images", "24", *args)
+
+
+def test_the_teacher_forced_check_imports_without_the_scoring_package():
+    """The TensorRT backend's host logic is checked with it on machines that may lack pycocoevalcap."""
+    run_without("pycocoevalcap", "from edgecap.parity import teacher_forced")
 
 
 @pytest.mark.slow
