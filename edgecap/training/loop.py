@@ -260,10 +260,10 @@ class Trainer:
                 coverage = (out["alpha"] * mask.unsqueeze(-1)).sum(1)
                 loss = loss + cfg.doubly_stochastic * ((1 - coverage) ** 2).sum() / (n_rows * coverage.shape[1])
             if hard:
-                # The paper adds (log p(y|s,a) - b) dlog p(s|a) and lambda_e dH[s] to each caption's dlog p(y|s,a);
-                # that likelihood term is a mean over tokens here, so they are too (per caption they would
-                # outweigh it by the caption's length). REINFORCE acts on the sampled rows, and the baseline b
-                # tracks their log p(y|s,a) only.
+                # The paper adds lambda_r (log p(y|s,a) - b) dlog p(s|a) and lambda_e dH[s] to each caption's
+                # dlog p(y|s,a); that likelihood term is a mean over tokens here, so they are too (per caption they
+                # would outweigh it by the caption's length). REINFORCE acts on the sampled rows, and the baseline
+                # b tracks their log p(y|s,a) only.
                 seq_logprob = -(nll * mask).sum(1).detach()
                 baseline = self.state["hard_baseline"]
                 sampled = (~expected).float()
@@ -273,8 +273,8 @@ class Trainer:
                         float(distributed.global_sum((seq_logprob * sampled).sum())) / n_sampled)
                 location_logprob = (out["location_logprob"] * mask).sum(1)
                 entropy = (out["entropy"] * mask).sum(1)
-                loss = (loss - ((seq_logprob - baseline) * location_logprob).sum() / n_tokens
-                        - cfg.hard_entropy * entropy.sum() / n_tokens)
+                reinforce = ((seq_logprob - baseline) * location_logprob).sum()
+                loss = loss - (cfg.hard_reinforce_weight * reinforce + cfg.hard_entropy * entropy.sum()) / n_tokens
             self._set_lr(cfg.lr * _lr_factor(self.state["step"], warmup=cfg.warmup_steps, total=total_steps))
             self._update(loss)
             losses.append(distributed.global_sum(xe.detach()).item())

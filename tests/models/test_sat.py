@@ -51,10 +51,11 @@ def test_hard_attention_rows_marked_expected_train_as_soft_attention():
     assert (hard["location_logprob"][~expected] < 0).all() and (hard["entropy"][~expected] > 0).all()
 
 
-@pytest.mark.parametrize("share", [-0.1, 1.5])
-def test_expected_share_outside_zero_to_one_is_refused(share):
-    with pytest.raises(EdgecapError, match="hard_expected_share"):
-        TrainConfig(hard_expected_share=share)
+@pytest.mark.parametrize(("option", "value"), [("hard_expected_share", -0.1), ("hard_expected_share", 1.5),
+                                               ("hard_reinforce_weight", -1.0)])
+def test_hard_attention_options_out_of_range_are_refused(option, value):
+    with pytest.raises(EdgecapError, match=option):
+        TrainConfig(**{option: value})
 
 
 def test_unknown_model_option_names_the_known_ones():
