@@ -35,6 +35,8 @@ class TrainConfig:
     label_smoothing: float = 0.0  # cross-entropy: weight eps of the uniform target, (1-eps) nll + eps mean_v -log p_v
     ema_decay: float = 0.0  # d of an exponential moving average of the weights that dev selection scores and
     # best.pt keeps (0: the raw weights); the decay ramps up to d as min(d, (1+n)/(10+n)) over the first n steps
+    mirror_share: float = 0.0  # share of cross-entropy captions trained on their photo flipped left-right, with
+    # "left" and "right" swapped (a frozen encoder caches the flipped photos' features once more)
     patience: int = 3  # epochs without a better dev CIDEr in the current phase before stopping it
     seed: int = 0  # seeds torch, numpy and the batch order
     min_word_count: int = 5  # rarer training words become <unk>
@@ -66,6 +68,8 @@ class TrainConfig:
             raise EdgecapError(f"train.hard_reinforce_weight must be >= 0, got {self.hard_reinforce_weight}")
         if not 0.0 <= self.hard_expected_share <= 1.0:
             raise EdgecapError(f"train.hard_expected_share must be in [0, 1], got {self.hard_expected_share}")
+        if not 0.0 <= self.mirror_share <= 1.0:
+            raise EdgecapError(f"train.mirror_share must be in [0, 1], got {self.mirror_share}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise EdgecapError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
         for name in ("batch_size", "epochs", "eval_beam", "max_caption_length"):

@@ -1,7 +1,8 @@
 """One-time on-disk cache of frozen-encoder grid features (fp16), so decoder epochs are fast on a CPU.
 
-A cache file is keyed by the image list, the encoder and the preprocessing, so a
-change of any of them makes a new file instead of reusing stale features. It is
+A cache file is keyed by the image list, the encoder, the preprocessing and whether
+the photos were mirrored, so a change of any of them makes a new file instead of
+reusing stale features. It is
 filled in chunks with its progress recorded beside it: a killed run resumes
 where it stopped and only a finished file gets the final name.
 """
@@ -26,9 +27,12 @@ from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing, load_images
 
 
-def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Preprocessing) -> str:
+def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Preprocessing, mirrored: bool) -> str:
     digest = hashlib.sha256()
-    digest.update(json.dumps({"encoder": asdict(encoder), "prep": asdict(prep)}, sort_keys=True).encode())
+    described = {"encoder": asdict(encoder), "prep": asdict(prep)}
+    if mirrored:  # only then, so the caches written before mirroring existed keep their names
+        described["mirrored"] = True
+    digest.update(json.dumps(described, sort_keys=True).encode())
     for record in records:
         digest.update(str(record.path).encode() + b"\0")
     return digest.hexdigest()[:16]
@@ -36,11 +40,17 @@ def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Pre
 
 @torch.no_grad()
 def cached_features(records: Sequence[ImageRecord], encoder_config: EncoderConfig, prep: Preprocessing, *,
-                    directory: Path | None = None, batch_size: int = 32, label: str = "features") -> np.ndarray:
-    """Grid features (len(records), L, C) as a read-only fp16 memmap, computing what is missing."""
+                    directory: Path | None = None, batch_size: int = 32, label: str = "features",
+                    mirrored: bool = False) -> np.ndarray:
+    """Grid features (len(records), L, C) as a read-only fp16 memmap, computing what is missing.
+
+    ``mirrored`` encodes every photo flipped left-right: a second view of the training photos
+    that a frozen encoder cannot produce from the first.
+    """
     directory = directory or cache_root() / "features"
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"{encoder_config.name}-{prep.image_size}-{_cache_key(records, encoder_config, prep)}.npy"
+    key = _cache_key(records, encoder_config, prep, mirrored)
+    final = directory / f"{encoder_config.name}-{prep.image_size}{'-mirrored' if mirrored else ''}-{key}.npy"
     if final.exists():
         return np.load(final, mmap_mode="r")
     partial, progress = final.with_suffix(".partial.npy"), final.with_suffix(".progress")
@@ -55,6 +65,8 @@ def cached_features(records: Sequence[ImageRecord], encoder_config: EncoderConfi
         for start in range(done, len(records), batch_size):
             chunk = records[start:start + batch_size]
             pixels = torch.from_numpy(load_images([r.path for r in chunk], prep))
+            if mirrored:
+                pixels = pixels.flip(-1)
             out[start:start + len(chunk)] = grid_features(encoder, pixels).numpy().astype(np.float16)
             out.flush()
             progress.write_text(str(start + len(chunk)))

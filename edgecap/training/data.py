@@ -39,31 +39,65 @@ def caption_pairs(records: Sequence[ImageRecord], vocab: Vocab, *, max_length: i
     return CaptionPairs(np.asarray(index, dtype=np.int64), tokens)
 
 
+MIRRORED_WORDS = (("left", "right"),)  # words whose meaning flips with the photo
+
+
+def mirrored_token_table(vocab: Vocab) -> np.ndarray:
+    """Id -> id of the caption of the mirrored photo: "left" and "right" trade places, every other word stays."""
+    table = np.arange(len(vocab), dtype=np.int64)
+    for a, b in MIRRORED_WORDS:
+        if a in vocab.index and b in vocab.index:
+            table[vocab.index[a]], table[vocab.index[b]] = vocab.index[b], vocab.index[a]
+    return table
+
+
 def tokenised_references(records: Sequence[ImageRecord]) -> dict[str, list[list[str]]]:
     """image_id -> tokenised references, the corpus CIDEr-D takes its document frequencies from."""
     return {r.image_id: [tokenize(c) for c in r.captions] for r in records}
 
 
 class ImageFeatures:
-    """Grid features of a split: from the fp16 disk cache when the encoder is frozen, else computed per batch."""
+    """Grid features of a split: from the fp16 disk cache when the encoder is frozen, else computed per batch.
+
+    With ``mirror``, ``get`` can also return the features of the photos flipped left-right
+    (a second cache for a frozen encoder, flipped pixels for a trained one).
+    """
 
     def __init__(self, records: Sequence[ImageRecord], captioner: Captioner, encoder_config: EncoderConfig,
-                 prep: Preprocessing, *, cache_dir: Path | None, label: str):
+                 prep: Preprocessing, *, cache_dir: Path | None, label: str, mirror: bool = False):
         self.records = records
         self.captioner = captioner
         self.prep = prep
-        self.cached = None
+        self.cached = self.cached_mirrored = None
         if not encoder_config.finetune:
             self.cached = cached_features(records, encoder_config, prep, directory=cache_dir, label=label)
+            if mirror:
+                self.cached_mirrored = cached_features(records, encoder_config, prep, directory=cache_dir,
+                                                       label=f"{label} (mirrored)", mirrored=True)
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def get(self, indices: np.ndarray) -> torch.Tensor:
-        """(len(indices), L, C) float32 on the captioner's device; differentiable through a fine-tuned encoder."""
+    def get(self, indices: np.ndarray, mirrored: np.ndarray | None = None) -> torch.Tensor:
+        """(len(indices), L, C) float32 on the captioner's device; differentiable through a fine-tuned encoder.
+
+        ``mirrored`` (bool, one per index) picks the flipped photo for those rows.
+        """
         device = next(self.captioner.parameters()).device
         if self.cached is not None:
-            rows = self.cached[np.sort(indices)][np.argsort(np.argsort(indices))]
+            rows = _gather(self.cached, indices)
+            if mirrored is not None and mirrored.any():
+                if self.cached_mirrored is None:
+                    raise ValueError("mirrored features were asked for, but this split was built without mirror=True")
+                rows[mirrored] = _gather(self.cached_mirrored, indices[mirrored])
             return torch.from_numpy(rows.astype(np.float32)).to(device)
         pixels = torch.from_numpy(load_images([self.records[i].path for i in indices], self.prep))
+        if mirrored is not None and mirrored.any():
+            flip = torch.from_numpy(mirrored)
+            pixels[flip] = pixels[flip].flip(-1)
         return self.captioner.encode(pixels.to(device))
+
+
+def _gather(cache: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """cache[indices] read in ascending order (sequential on a memmap), returned in the asked order."""
+    return cache[np.sort(indices)][np.argsort(np.argsort(indices))]

@@ -34,7 +34,7 @@ from edgecap.training import distributed
 from edgecap.training.c2f import c2f_loss
 from edgecap.training.checkpoint import checkpoint_payload, on_cpu, read_checkpoint, save_atomic
 from edgecap.training.cider import CiderD
-from edgecap.training.data import ImageFeatures, caption_pairs, tokenised_references
+from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_token_table, tokenised_references
 from edgecap.training.ema import WeightAverage
 from edgecap.training.scst import scst_loss
 from edgecap.vocab import PAD, Vocab
@@ -101,7 +101,9 @@ class Trainer:
             self.captioner.encoder.requires_grad_(False)
         self.pairs = caption_pairs(self.train_records, self.vocab, max_length=self.cfg.max_caption_length)
         self.train_features = ImageFeatures(self.train_records, self.captioner, spec.encoder, self.prep,
-                                            cache_dir=cache_dir, label="train features")
+                                            cache_dir=cache_dir, label="train features",
+                                            mirror=self.cfg.mirror_share > 0)
+        self.mirrored_tokens = mirrored_token_table(self.vocab)
         self.dev_features = ImageFeatures(self.dev_records, self.captioner, spec.encoder, self.prep,
                                           cache_dir=cache_dir, label="dev features")
         self.dev_cider = CiderD(tokenised_references(self.dev_records))
@@ -220,6 +222,7 @@ class Trainer:
         cfg = self.cfg
         hard = getattr(self.captioner.decoder.config, "attention", "soft") == "hard"
         order = np.random.default_rng(cfg.seed + epoch).permutation(len(self.pairs.tokens))
+        mirror = np.random.default_rng(cfg.seed + 2000 + epoch).random(len(order)) < cfg.mirror_share  # per pair
         batches = range(0, len(order), cfg.batch_size)
         total_steps = cfg.epochs * len(batches)
         self.captioner.train()
@@ -235,10 +238,12 @@ class Trainer:
             if len(batch) < self.dist.world_size:  # a last global batch too small to give every rank a row
                 break
             rows = distributed.shard(batch, self.dist)
-            tokens = torch.from_numpy(self.pairs.tokens[rows])
+            tokens = self.pairs.tokens[rows]
+            tokens[mirror[rows]] = self.mirrored_tokens[tokens[mirror[rows]]]
+            tokens = torch.from_numpy(tokens)
             length = int((tokens != PAD).sum(1).max())
             tokens = tokens[:, :length].to(self.dist.device)
-            features = self.train_features.get(self.pairs.image_index[rows])
+            features = self.train_features.get(self.pairs.image_index[rows], mirror[rows])
             if hard:
                 expected = torch.rand(len(rows), device=self.dist.device) < cfg.hard_expected_share
                 out = self.captioner.decoder(features, tokens[:, :-1], hard=True, expected=expected)
