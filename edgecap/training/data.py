@@ -24,6 +24,12 @@ class CaptionPairs:
     image_index: np.ndarray
     tokens: np.ndarray
 
+    def batch(self, rows: np.ndarray, mirrored: np.ndarray, mirror_table: np.ndarray) -> np.ndarray:
+        """Tokens of ``rows`` (a copy), the ``mirrored`` ones read through ``mirror_table`` (left <-> right)."""
+        tokens = self.tokens[rows]
+        tokens[mirrored] = mirror_table[tokens[mirrored]]
+        return tokens
+
 
 def caption_pairs(records: Sequence[ImageRecord], vocab: Vocab, *, max_length: int) -> CaptionPairs:
     rows, index = [], []

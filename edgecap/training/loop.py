@@ -238,9 +238,7 @@ class Trainer:
             if len(batch) < self.dist.world_size:  # a last global batch too small to give every rank a row
                 break
             rows = distributed.shard(batch, self.dist)
-            tokens = self.pairs.tokens[rows]
-            tokens[mirror[rows]] = self.mirrored_tokens[tokens[mirror[rows]]]
-            tokens = torch.from_numpy(tokens)
+            tokens = torch.from_numpy(self.pairs.batch(rows, mirror[rows], self.mirrored_tokens))
             length = int((tokens != PAD).sum(1).max())
             tokens = tokens[:, :length].to(self.dist.device)
             features = self.train_features.get(self.pairs.image_index[rows], mirror[rows])

@@ -1,6 +1,7 @@
 """train.mirror_share: captions trained on their photo flipped left-right, with "left" and "right" swapped."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,12 +10,13 @@ import torch
 from edgecap.config import EncoderConfig, TrainConfig
 from edgecap.data import load_dataset
 from edgecap.data.features import cached_features
+from edgecap.data.records import ImageRecord
 from edgecap.data.shapes import generate_shapes
 from edgecap.errors import EdgecapError
 from edgecap.models.captioner import Captioner
 from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing, load_images
-from edgecap.training.data import ImageFeatures, mirrored_token_table
+from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_token_table
 from edgecap.vocab import Vocab
 from tests.test_cli import invoke
 
@@ -46,6 +48,18 @@ def test_left_and_right_trade_places_and_nothing_else_moves():
     assert table[vocab.index["left"]] == vocab.index["right"] and table[vocab.index["right"]] == vocab.index["left"]
     others = [i for i, w in enumerate(vocab.words) if w not in ("left", "right")]
     assert (table[others] == others).all()
+
+
+def test_a_batch_swaps_left_and_right_in_its_mirrored_rows_only():
+    vocab = Vocab.build(["a dog runs left", "a dog looks right"], min_count=1)
+    pairs = caption_pairs(_records(["a dog runs left", "a dog looks right"]), vocab, max_length=6)
+    tokens = pairs.batch(np.array([1, 0, 1]), np.array([True, True, False]), mirrored_token_table(vocab))
+    assert [vocab.decode(t[1:]) for t in tokens] == ["a dog looks left", "a dog runs right", "a dog looks right"]
+    assert vocab.decode(pairs.tokens[0][1:]) == "a dog runs left"  # the pairs themselves are untouched
+
+
+def _records(captions):
+    return [ImageRecord(image_id=str(i), path=Path(f"{i}.jpg"), captions=(c,)) for i, c in enumerate(captions)]
 
 
 def test_a_vocabulary_with_one_of_the_pair_keeps_it():
