@@ -2,9 +2,8 @@
 
 A cache file is keyed by the image list, the encoder, the preprocessing and whether
 the photos were mirrored, so a change of any of them makes a new file instead of
-reusing stale features. It is
-filled in chunks with its progress recorded beside it: a killed run resumes
-where it stopped and only a finished file gets the final name.
+reusing stale features. It is filled in chunks with its progress recorded beside
+it: a killed run resumes where it stopped and only a finished file gets the final name.
 """
 
 from __future__ import annotations

@@ -91,12 +91,14 @@ class ImageFeatures:
         """
         device = next(self.captioner.parameters()).device
         if self.cached is not None:
-            rows = _gather(self.cached, indices)
-            if mirrored is not None and mirrored.any():
-                if self.cached_mirrored is None:
-                    raise ValueError("mirrored features were asked for, but this split was built without mirror=True")
-                rows[mirrored] = _gather(self.cached_mirrored, indices[mirrored])
-            return torch.from_numpy(rows.astype(np.float32)).to(device)
+            if mirrored is None or not mirrored.any():
+                return torch.from_numpy(_gather(self.cached, indices).astype(np.float32)).to(device)
+            if self.cached_mirrored is None:
+                raise ValueError("mirrored features were asked for, but this split was built without mirror=True")
+            rows = np.empty((len(indices), *self.cached.shape[1:]), np.float32)  # each row read from one cache only
+            rows[~mirrored] = _gather(self.cached, indices[~mirrored])
+            rows[mirrored] = _gather(self.cached_mirrored, indices[mirrored])
+            return torch.from_numpy(rows).to(device)
         pixels = torch.from_numpy(load_images([self.records[i].path for i in indices], self.prep))
         if mirrored is not None and mirrored.any():
             flip = torch.from_numpy(mirrored)
