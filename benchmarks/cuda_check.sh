@@ -5,7 +5,7 @@
 #      row repeat, CUDA-graph replay) through real cuda-python, and a training run that must use the GPU;
 #   2. the training, export and CLI tests, which train on the GPU there (edgecap trains on CUDA whenever it is
 #      visible), so every checkpoint they export and caption with came from a GPU run.
-# Tests that need Java (pycocoevalcap scoring) or ../shared/data skip or fail with a one-line reason where those
+# Tests that need Java (pycocoevalcap scoring) or ../shared/data skip with a one-line reason where those
 # are missing; the summary lists them.
 #
 # Usage: benchmarks/cuda_check.sh [PYTEST_ARGS ...]     (run from anywhere; extra arguments go to both pytest calls)

@@ -9,6 +9,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from edgecap.cli import app
+from tests.needs import needs_scoring
 from tests.without_torch import run_without
 
 SAMPLES = Path(__file__).resolve().parents[1] / "edgecap" / "assets" / "samples"
@@ -46,6 +47,7 @@ def test_train_writes_a_complete_run_directory(tiny_run):
     assert [h["phase"] for h in history] == ["xe", "xe", "scst"] and history[1]["step"] == 600
 
 
+@needs_scoring
 @pytest.mark.slow
 def test_tiny_model_beats_the_best_constant_caption(tiny_run, tmp_path):
     """600 XE steps + 1 SCST epoch (the suite's budget) give ~2.7x; `benchmarks/shapes_target.py` measures the
@@ -142,6 +144,7 @@ def test_a_second_train_into_the_same_run_is_refused(tiny_run):
     assert code == 2 and "--resume" in output
 
 
+@needs_scoring
 @pytest.mark.slow
 def test_eval_records_the_decoding_it_ran(tiny_run, tmp_path):
     code, output = invoke("eval", str(tiny_run), "--data", "shapes", "--split", "test", "--max-images", "20",

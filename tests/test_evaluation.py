@@ -1,14 +1,12 @@
-import shutil
 
 import numpy as np
 import pytest
 
 from edgecap.errors import EdgecapError
+from tests.needs import needs_scoring
 
 pytest.importorskip("pycocoevalcap", reason="scoring needs pycocoevalcap (pip install edgecap[metrics])")
 from edgecap.evaluation import SPICE_JARS, Evaluator, paired_bootstrap_ci, spice_skip_reason  # noqa: E402
-
-needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap's tokenizer and METEOR need java")
 
 REFERENCES = {
     "dog": [
@@ -30,7 +28,7 @@ def evaluator():
         yield evaluator
 
 
-@needs_java
+@needs_scoring
 def test_perfect_candidates_score_high_and_poor_ones_low(evaluator):
     perfect, poor = evaluator.score(REFERENCES, PERFECT), evaluator.score(REFERENCES, POOR)
     names = {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"}
@@ -42,7 +40,7 @@ def test_perfect_candidates_score_high_and_poor_ones_low(evaluator):
     assert np.mean(list(perfect.per_image_cider.values())) == pytest.approx(perfect.metrics["CIDEr"])
 
 
-@needs_java
+@needs_scoring
 def test_spice_is_skipped_with_a_reason_when_its_jars_are_absent(evaluator):
     if spice_skip_reason() is None:
         pytest.skip("the SPICE jars are installed here")
@@ -51,7 +49,7 @@ def test_spice_is_skipped_with_a_reason_when_its_jars_are_absent(evaluator):
     assert SPICE_JARS[0] in scores.skipped["SPICE"]
 
 
-@needs_java
+@needs_scoring
 def test_meteor_process_is_reused_across_calls_and_stopped_on_close(evaluator):
     # Closes the shared evaluator: kept after the other tests that use it, or they would start a new JVM.
     evaluator.score(REFERENCES, PERFECT)

@@ -8,6 +8,7 @@ import pytest
 from edgecap.runtime.manifest import Manifest
 
 from edgecap.data import load_dataset
+from tests.needs import needs_scoring
 from tests.test_cli import invoke
 from tests.without_torch import run_without
 
@@ -21,6 +22,7 @@ def test_the_teacher_forced_check_imports_without_the_scoring_package():
     run_without("pycocoevalcap", "from edgecap.parity import teacher_forced")
 
 
+@needs_scoring
 @pytest.mark.slow
 def test_fp32_export_passes_parity_with_the_design_fields(tiny_export, tmp_path):
     code, output = parity(tiny_export / "exp", "--json", str(tmp_path / "p.json"), "--markdown", str(tmp_path / "p.md"))
@@ -38,6 +40,7 @@ def test_fp32_export_passes_parity_with_the_design_fields(tiny_export, tmp_path)
     assert "PASS" in (tmp_path / "p.md").read_text() and "step `step.onnx`" in (tmp_path / "p.md").read_text()
 
 
+@needs_scoring
 @pytest.mark.slow
 def test_both_sides_decode_with_the_requested_ranking_and_blocking(tiny_export, tmp_path):
     code, output = parity(tiny_export / "exp", "--length-penalty", "1", "--block-trigrams",
@@ -48,6 +51,7 @@ def test_both_sides_decode_with_the_requested_ranking_and_blocking(tiny_export, 
     assert "beam 3, length penalty 1, trigram blocking" in output
 
 
+@needs_scoring
 @pytest.mark.slow
 def test_greedy_export_captions_like_greedy_pytorch(tiny_export, tmp_path):
     code, output = parity(tiny_export / "exp", "--beam", "1", "--json", str(tmp_path / "p.json"))
@@ -56,6 +60,7 @@ def test_greedy_export_captions_like_greedy_pytorch(tiny_export, tmp_path):
     assert report["beam"] == 1 and report["identical_rate"] >= 0.99
 
 
+@needs_scoring
 @pytest.mark.slow
 def test_one_corrupted_weight_fails_the_gate(tiny_export, tmp_path):
     import onnx
@@ -79,6 +84,7 @@ def test_one_corrupted_weight_fails_the_gate(tiny_export, tmp_path):
     assert max(s["max_abs_delta_logprob"] for s in report["teacher_forced_steps"]) > 1.0
 
 
+@needs_scoring
 @pytest.mark.slow
 def test_parity_refuses_a_reference_that_is_not_the_exported_checkpoint(tiny_export, tmp_path):
     other = tmp_path / "other.pt"
@@ -87,6 +93,7 @@ def test_parity_refuses_a_reference_that_is_not_the_exported_checkpoint(tiny_exp
     assert code == 2 and "sha256 differs" in output and "\n" not in output.strip()
 
 
+@needs_scoring
 @pytest.mark.slow
 def test_int8_gate_leaves_out_the_photos_calibration_chose_layers_on_and_eval_says_so(int8_export, tmp_path):
     heldout = set(Manifest.read(int8_export).quantization["heldout_image_ids"])

@@ -5,6 +5,7 @@ import textwrap
 
 import pytest
 
+from tests.needs import needs_scoring
 from tests.test_cli import invoke
 from tests.without_torch import run_without_torch
 
@@ -14,6 +15,7 @@ def eval_args(model, out, *extra):
             *extra]
 
 
+@needs_scoring
 @pytest.mark.slow
 def test_an_export_scores_like_its_run_without_torch(tiny_export, tmp_path):
     code, output = invoke(*eval_args(tiny_export / "run", tmp_path / "torch.json"))
@@ -30,6 +32,7 @@ def test_an_export_scores_like_its_run_without_torch(tiny_export, tmp_path):
     assert ort_report["metrics"]["CIDEr"] == pytest.approx(torch_report["metrics"]["CIDEr"])
 
 
+@needs_scoring
 @pytest.mark.slow
 def test_fp16_graphs_are_scored_from_the_same_directory(tiny_export, tmp_path):
     code, output = invoke(*eval_args(tiny_export / "exp", tmp_path / "fp16.json", "--precision", "fp16"))

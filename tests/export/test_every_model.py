@@ -9,6 +9,7 @@ import json
 import pytest
 
 from edgecap.models import MODELS
+from tests.needs import needs_scoring
 from tests.test_cli import invoke
 
 
@@ -19,6 +20,7 @@ def _interface(path):
     return [v.name for v in graph.input], [v.name for v in graph.output]
 
 
+@needs_scoring
 @pytest.mark.slow
 @pytest.mark.parametrize("model_id", sorted(set(MODELS) - {"sat"}))
 def test_model_trains_exports_and_passes_fp32_parity(model_id, tmp_path):
