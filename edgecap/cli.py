@@ -107,7 +107,8 @@ def train(
     out: Annotated[Path, typer.Option(help="Run directory")] = Path("runs/sat"),
     preset: Annotated[PresetName, typer.Option(help="Configuration size")] = PresetName.base,
     max_steps: Annotated[int, typer.Option(help="Stop cross-entropy after N optimiser steps (0: no limit)")] = 0,
-    resume: Annotated[bool, typer.Option(help="Continue the run in --out after a stop")] = False,
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out from its config.json; --set, --scst-epochs "
+                                              "and --max-steps may change how long it goes on")] = False,
     finetune_encoder: Annotated[bool, typer.Option(help="Train the encoder too (GPU; see train.encoder_lr)")] = False,
     scst_epochs: Annotated[int | None, typer.Option(help="Self-critical epochs after cross-entropy")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override SECTION.FIELD=VALUE (train/model/encoder)")]
@@ -125,8 +126,9 @@ def train(
     overrides += [f"train.max_steps={max_steps}"] if max_steps else []
     overrides += ["encoder.finetune=true"] if finetune_encoder else []
     overrides += [f"train.scst_epochs={scst_epochs}"] if scst_epochs is not None else []
-    spec = resolve_run(model.value, data, preset.value, overrides)
-    result = run_training(run_dir=out, spec=spec, resume=resume, cache_dir=cache_dir, nproc=nproc)
+    spec = None if resume else resolve_run(model.value, data, preset.value, overrides)
+    result = run_training(run_dir=out, spec=spec, resume=resume, changes=overrides if resume else (),
+                          cache_dir=cache_dir, nproc=nproc)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary rather than one per rank
         typer.echo(f"best dev CIDEr-D {result['best_dev_cider']:.2f} after {result['steps']} steps; "
                    f"model: {out / 'best.pt'}")

@@ -129,13 +129,25 @@ def test_a_self_critical_phase_added_to_a_finished_run_starts_on_resume(tmp_path
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(run), "--max-steps", "20",
                           "--scst-epochs", "0", "--set", "train.eval_images=10")
     assert code == 0, output
-    config = json.loads((run / "config.json").read_text())
-    config["train"]["scst_epochs"] = 1
-    (run / "config.json").write_text(json.dumps(config))
-    code, output = invoke("train", "--out", str(run), "--resume")
+    code, output = invoke("train", "--out", str(run), "--resume", "--scst-epochs", "1")
     assert code == 0, output
     phases = [json.loads(line)["phase"] for line in (run / "metrics.jsonl").open()]
     assert phases == ["xe", "scst"]
+    assert json.loads((run / "config.json").read_text())["train"]["scst_epochs"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [("--set", "model.hidden_dim=8"), ("--set", "train.lr=1e-2"),
+                                   ("--finetune-encoder",)])
+def test_resuming_refuses_a_change_that_needs_a_new_run(tiny_run, tmp_path, flags):
+    import shutil
+
+    run = shutil.copytree(tiny_run, tmp_path / "run")
+    before = {name: (run / name).read_bytes() for name in ("config.json", "last.pt", "metrics.jsonl")}
+    code, output = invoke("train", "--out", str(run), "--resume", "--scst-epochs", "2", *flags)
+    assert code == 2 and "cannot change when resuming" in output and "--out" in output, output
+    assert len(output.strip().splitlines()) == 1
+    assert {name: (run / name).read_bytes() for name in before} == before
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -388,19 +389,23 @@ def record_dev_score(state: dict, dev_cider: float) -> bool:
     return improved
 
 
-def train(*, run_dir: Path, spec: RunSpec, resume: bool, cache_dir: Path | None = None, nproc: int = 1) -> dict:
+def train(*, run_dir: Path, spec: RunSpec | None, resume: bool, changes: Sequence[str] = (),
+          cache_dir: Path | None = None, nproc: int = 1) -> dict:
     """Train (or resume) a run directory; returns the best dev CIDEr-D and the step count.
 
-    ``nproc`` > 1 spawns that many data-parallel ranks on this machine, which split every global batch of
-    ``train.batch_size``. Under torchrun every rank calls this with ``nproc=1``. Rank 0 prepares the run
-    directory, the dataset and the feature cache first; the others then read them.
+    A resumed run takes its spec from ``config.json`` with ``changes`` (``train.FIELD=VALUE``, see
+    ``RESUMABLE_FIELDS``) applied and written back. ``nproc`` > 1 spawns that many data-parallel ranks on this
+    machine, which split every global batch of ``train.batch_size``. Under torchrun every rank calls this with
+    ``nproc=1``. Rank 0 prepares the run directory, the dataset and the feature cache first; the others then read
+    them.
     """
     if nproc != 1:
-        distributed.check_world_size(nproc, run_spec(run_dir=run_dir, spec=spec, resume=resume).train)
-        return distributed.launch(nproc, train, run_dir=run_dir, spec=spec, resume=resume, cache_dir=cache_dir)
+        distributed.check_world_size(nproc, run_spec(run_dir=run_dir, spec=spec, resume=resume, changes=changes).train)
+        return distributed.launch(nproc, train, run_dir=run_dir, spec=spec, resume=resume, changes=changes,
+                                  cache_dir=cache_dir)
     with distributed.process_group() as ctx:
         with distributed.main_first(ctx):
-            spec = run_spec(run_dir=run_dir, spec=spec, resume=resume)
+            spec = run_spec(run_dir=run_dir, spec=spec, resume=resume, changes=changes)
             distributed.check_world_size(ctx.world_size, spec.train)
             if ctx.is_main:
                 run_dir.mkdir(parents=True, exist_ok=True)
@@ -415,17 +420,31 @@ def train(*, run_dir: Path, spec: RunSpec, resume: bool, cache_dir: Path | None 
         return trainer.run()
 
 
-def run_spec(*, run_dir: Path, spec: RunSpec, resume: bool) -> RunSpec:
-    """The spec a run uses: config.json's when resuming (never CLI flags); refuses a bad --resume or --out."""
+RESUMABLE_FIELDS = ("epochs", "scst_epochs", "patience", "scst_lr", "max_steps")
+"""The train fields a resumed run may change: how long each phase goes on and the self-critical rate. Every other
+field already shaped the checkpoints the run has written."""
+
+
+def run_spec(*, run_dir: Path, spec: RunSpec | None, resume: bool, changes: Sequence[str] = ()) -> RunSpec:
+    """The spec a run uses: config.json's with ``changes`` applied when resuming, else ``spec``; refuses a bad
+    --resume or --out, and a change that only a new run can make."""
     if resume:
         if not (run_dir / "last.pt").exists():
             raise ModelError(f"{run_dir}: nothing to resume (no last.pt); drop --resume to start a new run")
         if "train_state" not in read_checkpoint(run_dir / "last.pt"):
             raise ModelError(f"{run_dir / 'last.pt'}: weights without training state (a best.pt copy?), so it "
                              "cannot be resumed; put the run's own last.pt back or start a new run with --out")
+        for item in changes:
+            section, _, name = item.partition("=")[0].partition(".")
+            if section != "train" or name not in RESUMABLE_FIELDS:
+                allowed = ", ".join(f"train.{field}" for field in RESUMABLE_FIELDS)
+                raise ModelError(f"{run_dir}: {item} cannot change when resuming, since the run's checkpoints were "
+                                 f"trained with its config.json; --resume may change {allowed} (start a new run "
+                                 "with --out for anything else)")
         saved = json.loads((run_dir / "config.json").read_text())
-        return RunSpec(saved["model_id"], saved["data"], EncoderConfig(**saved["encoder"]),
-                       TrainConfig(**saved["train"]), saved["model"])
+        resumed = apply_overrides(Preset(EncoderConfig(**saved["encoder"]), TrainConfig(**saved["train"]),
+                                         saved["model"]), list(changes), {})
+        return RunSpec(saved["model_id"], saved["data"], resumed.encoder, resumed.train, resumed.model)
     if (run_dir / "last.pt").exists():
         raise ModelError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
     return spec
