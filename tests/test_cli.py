@@ -115,6 +115,7 @@ def test_a_finished_run_continues_when_config_json_allows_more_epochs(tiny_run, 
     code, output = invoke("train", "--out", str(run), "--resume")
     assert code == 0, output
     assert history() == [("xe", 1), ("xe", 2), ("scst", 1)]  # nothing left to do: nothing done
+    assert "already finished" in output and "--scst-epochs N" in output
     config = json.loads((run / "config.json").read_text())
     config["train"]["scst_epochs"] = 2
     (run / "config.json").write_text(json.dumps(config))

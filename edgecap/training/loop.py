@@ -180,9 +180,11 @@ class Trainer:
             state.update(phase="xe")  # run() moves on to self-critical training once cross-entropy is over
         elif state["epoch"] < limit:
             state.update(phase=last, bad_epochs=0)
-        if state["phase"] != "done" and self.dist.is_main:
-            tqdm.write(f"{self.run_dir}: reopening the finished run (config.json: train.epochs={self.cfg.epochs}, "
-                       f"train.scst_epochs={self.cfg.scst_epochs})")
+        if self.dist.is_main:
+            limits = f"train.epochs={self.cfg.epochs}, train.scst_epochs={self.cfg.scst_epochs}"
+            tqdm.write(f"{self.run_dir}: reopening the finished run ({limits})" if state["phase"] != "done" else
+                       f"{self.run_dir}: already finished ({limits}); more epochs continue it, e.g. --resume "
+                       "--scst-epochs N or --resume --set train.epochs=N")
 
     def _load_weights(self, payload: dict) -> None:
         self.captioner.decoder.load_state_dict(payload["decoder"])
