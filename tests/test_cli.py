@@ -139,16 +139,27 @@ def test_a_self_critical_phase_added_to_a_finished_run_starts_on_resume(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", [("--set", "model.hidden_dim=8"), ("--set", "train.lr=1e-2"),
-                                   ("--finetune-encoder",)])
+                                   ("--set", "train.mirror_share=0.5")])
 def test_resuming_refuses_a_change_that_needs_a_new_run(tiny_run, tmp_path, flags):
     import shutil
 
     run = shutil.copytree(tiny_run, tmp_path / "run")
     before = {name: (run / name).read_bytes() for name in ("config.json", "last.pt", "metrics.jsonl")}
     code, output = invoke("train", "--out", str(run), "--resume", "--scst-epochs", "2", *flags)
-    assert code == 2 and "cannot change when resuming" in output and "--out" in output, output
+    assert code == 2 and "--resume cannot change" in output and "--out" in output, output
     assert len(output.strip().splitlines()) == 1
     assert {name: (run / name).read_bytes() for name in before} == before
+
+
+@pytest.mark.slow
+def test_resuming_with_the_run_s_own_flags_repeated_is_allowed(tiny_run, tmp_path):
+    """Appending --resume to the command that started a run works: flags equal to config.json change nothing."""
+    import shutil
+
+    run = shutil.copytree(tiny_run, tmp_path / "run")
+    code, output = invoke("train", "--out", str(run), "--resume", "--max-steps", "600", "--scst-epochs", "1",
+                          "--set", "train.eval_images=50")
+    assert code == 0 and "already finished" in output, output
 
 
 @pytest.mark.slow

@@ -55,9 +55,13 @@ class RunSpec:
 def resolve_run(model_id: str, data: str, preset: str, overrides: list[str]) -> RunSpec:
     if model_id not in MODELS:
         raise ModelError(f"unknown model '{model_id}'; choose one of {', '.join(MODELS)}")
-    defaults = {f.name: f.default for f in fields(MODELS[model_id][0]) if f.name != "vocab_size"}
-    chosen: Preset = apply_overrides(preset_for(preset, model_id), overrides, defaults)
+    chosen: Preset = apply_overrides(preset_for(preset, model_id), overrides, _model_defaults(model_id))
     return RunSpec(model_id, data, chosen.encoder, chosen.train, chosen.model)
+
+
+def _model_defaults(model_id: str) -> dict[str, object]:
+    """The model config's fields and defaults, against which ``model.FIELD`` overrides are checked."""
+    return {f.name: f.default for f in fields(MODELS[model_id][0]) if f.name != "vocab_size"}
 
 
 def _lr_factor(step: int, *, warmup: int, total: int) -> float:
@@ -422,6 +426,15 @@ def train(*, run_dir: Path, spec: RunSpec | None, resume: bool, changes: Sequenc
         return trainer.run()
 
 
+def _changed_keys(before: Preset, after: Preset, model_defaults: dict[str, object]) -> list[str]:
+    """``SECTION.FIELD`` of every value that differs between two presets (model fields at their defaults count)."""
+    changed = [f"{section}.{name}" for section in ("encoder", "train")
+               for name, value in asdict(getattr(before, section)).items()
+               if getattr(getattr(after, section), name) != value]
+    model_before, model_after = {**model_defaults, **before.model}, {**model_defaults, **after.model}
+    return changed + [f"model.{name}" for name, value in model_after.items() if model_before[name] != value]
+
+
 RESUMABLE_FIELDS = ("epochs", "scst_epochs", "patience", "scst_lr", "max_steps")
 """The train fields a resumed run may change: how long each phase goes on and the self-critical rate. Every other
 field already shaped the checkpoints the run has written."""
@@ -429,23 +442,24 @@ field already shaped the checkpoints the run has written."""
 
 def run_spec(*, run_dir: Path, spec: RunSpec | None, resume: bool, changes: Sequence[str] = ()) -> RunSpec:
     """The spec a run uses: config.json's with ``changes`` applied when resuming, else ``spec``; refuses a bad
-    --resume or --out, and a change that only a new run can make."""
+    --resume or --out, and a change that only a new run can make (a change that repeats config.json is none)."""
     if resume:
         if not (run_dir / "last.pt").exists():
             raise ModelError(f"{run_dir}: nothing to resume (no last.pt); drop --resume to start a new run")
         if "train_state" not in read_checkpoint(run_dir / "last.pt"):
             raise ModelError(f"{run_dir / 'last.pt'}: weights without training state (a best.pt copy?), so it "
                              "cannot be resumed; put the run's own last.pt back or start a new run with --out")
-        for item in changes:
-            section, _, name = item.partition("=")[0].partition(".")
-            if section != "train" or name not in RESUMABLE_FIELDS:
-                allowed = ", ".join(f"train.{field}" for field in RESUMABLE_FIELDS)
-                raise ModelError(f"{run_dir}: {item} cannot change when resuming, since the run's checkpoints were "
-                                 f"trained with its config.json; --resume may change {allowed} (start a new run "
-                                 "with --out for anything else)")
         saved = json.loads((run_dir / "config.json").read_text())
-        resumed = apply_overrides(Preset(EncoderConfig(**saved["encoder"]), TrainConfig(**saved["train"]),
-                                         saved["model"]), list(changes), {})
+        defaults = _model_defaults(saved["model_id"])
+        kept = Preset(EncoderConfig(**saved["encoder"]), TrainConfig(**saved["train"]), saved["model"])
+        resumed = apply_overrides(kept, list(changes), defaults)
+        refused = [key for key in _changed_keys(kept, resumed, defaults)
+                   if key.partition(".")[0] != "train" or key.partition(".")[2] not in RESUMABLE_FIELDS]
+        if refused:
+            allowed = ", ".join(f"train.{field}" for field in RESUMABLE_FIELDS)
+            raise ModelError(f"{run_dir}: --resume cannot change {', '.join(refused)}, since the run's checkpoints "
+                             f"were trained with its config.json; it may change {allowed} (start a new run with "
+                             "--out for anything else)")
         return RunSpec(saved["model_id"], saved["data"], resumed.encoder, resumed.train, resumed.model)
     if (run_dir / "last.pt").exists():
         raise ModelError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
