@@ -14,4 +14,5 @@ def _scoring_skip_reason() -> str | None:
     return None
 
 
-needs_scoring = pytest.mark.skipif(_scoring_skip_reason() is not None, reason=str(_scoring_skip_reason()))
+_SCORING_SKIP_REASON = _scoring_skip_reason()
+needs_scoring = pytest.mark.skipif(_SCORING_SKIP_REASON is not None, reason=_SCORING_SKIP_REASON or "")
