@@ -19,7 +19,8 @@ from edgecap.training.c2f import c2f_loss
 from edgecap.training.checkpoint import read_checkpoint
 from edgecap.training.cider import CiderD
 from edgecap.training.data import tokenised_references
-from edgecap.training.loop import Trainer, run_spec
+from edgecap.training.loop import Trainer
+from edgecap.training.runs import run_spec
 from edgecap.training.scst import scst_loss
 
 

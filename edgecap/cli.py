@@ -119,8 +119,8 @@ def train(
                                             "counts global steps")] = 1,
 ) -> None:
     """Train a captioner: cross-entropy, then self-critical CIDEr-D training."""
-    from edgecap.training.loop import resolve_run
     from edgecap.training.loop import train as run_training
+    from edgecap.training.runs import resolve_run
 
     overrides = list(set_ or [])
     overrides += [f"train.max_steps={max_steps}"] if max_steps else []
