@@ -54,6 +54,8 @@ class TrainConfig:
     scst_samples: int = 5  # sampled captions per image
     scst_baseline: str = "mean"  # "mean" (of the other samples) or "greedy"
     scst_batch_images: int = 32  # images per self-critical step
+    scst_mirror_share: float = 0.0  # share of self-critical images sampled on their photo flipped left-right and
+    # scored against their references with "left" and "right" swapped (a second view against overfitting)
     eval_beam: int = 3  # beam size for dev selection
     eval_images: int = 0  # dev images used for selection (0: all)
 
@@ -68,8 +70,9 @@ class TrainConfig:
             raise EdgecapError(f"train.hard_reinforce_weight must be >= 0, got {self.hard_reinforce_weight}")
         if not 0.0 <= self.hard_expected_share <= 1.0:
             raise EdgecapError(f"train.hard_expected_share must be in [0, 1], got {self.hard_expected_share}")
-        if not 0.0 <= self.mirror_share <= 1.0:
-            raise EdgecapError(f"train.mirror_share must be in [0, 1], got {self.mirror_share}")
+        for name in ("mirror_share", "scst_mirror_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise EdgecapError(f"train.{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise EdgecapError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
         for name in ("batch_size", "epochs", "eval_beam", "max_caption_length"):

@@ -130,11 +130,13 @@ def test_a_self_critical_phase_added_to_a_finished_run_starts_on_resume(tmp_path
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(run), "--max-steps", "20",
                           "--scst-epochs", "0", "--set", "train.eval_images=10")
     assert code == 0, output
-    code, output = invoke("train", "--out", str(run), "--resume", "--scst-epochs", "1")
+    code, output = invoke("train", "--out", str(run), "--resume", "--scst-epochs", "1",
+                          "--set", "train.scst_mirror_share=0.5")
     assert code == 0, output
     phases = [json.loads(line)["phase"] for line in (run / "metrics.jsonl").open()]
     assert phases == ["xe", "scst"]
-    assert json.loads((run / "config.json").read_text())["train"]["scst_epochs"] == 1
+    resumed = json.loads((run / "config.json").read_text())["train"]
+    assert (resumed["scst_epochs"], resumed["scst_mirror_share"]) == (1, 0.5)
 
 
 @pytest.mark.slow

@@ -46,20 +46,34 @@ def caption_pairs(records: Sequence[ImageRecord], vocab: Vocab, *, max_length: i
 
 
 MIRRORED_WORDS = (("left", "right"),)  # words whose meaning flips with the photo
+_MIRRORED_WORD = {word: other for pair in MIRRORED_WORDS for word, other in (pair, pair[::-1])}
 
 
 def mirrored_token_table(vocab: Vocab) -> np.ndarray:
     """Id -> id of the caption of the mirrored photo: "left" and "right" trade places, every other word stays."""
     table = np.arange(len(vocab), dtype=np.int64)
-    for a, b in MIRRORED_WORDS:
-        if a in vocab.index and b in vocab.index:
-            table[vocab.index[a]], table[vocab.index[b]] = vocab.index[b], vocab.index[a]
+    for word, other in _MIRRORED_WORD.items():
+        if word in vocab.index and other in vocab.index:
+            table[vocab.index[word]] = vocab.index[other]
     return table
 
 
-def tokenised_references(records: Sequence[ImageRecord]) -> dict[str, list[list[str]]]:
-    """image_id -> tokenised references, the corpus CIDEr-D takes its document frequencies from."""
-    return {r.image_id: [tokenize(c) for c in r.captions] for r in records}
+def tokenised_references(records: Sequence[ImageRecord], *, mirrored: bool = False) -> dict[str, list[list[str]]]:
+    """image_id -> tokenised references, the corpus CIDEr-D takes its document frequencies from.
+
+    With ``mirrored`` the corpus also holds every photo's flipped view, under ``mirrored_id``, with "left" and
+    "right" swapped in its references; both views count as documents.
+    """
+    references = {r.image_id: [tokenize(c) for c in r.captions] for r in records}
+    if mirrored:
+        references |= {mirrored_id(image_id): [[_MIRRORED_WORD.get(w, w) for w in ref] for ref in refs]
+                       for image_id, refs in list(references.items())}
+    return references
+
+
+def mirrored_id(image_id: str) -> str:
+    """The key of a photo's flipped view in a mirrored reference corpus."""
+    return f"{image_id} (mirrored)"
 
 
 class ImageFeatures:

@@ -33,7 +33,7 @@ from edgecap.training import distributed
 from edgecap.training.c2f import c2f_loss
 from edgecap.training.checkpoint import checkpoint_payload, on_cpu, read_checkpoint, save_atomic
 from edgecap.training.cider import CiderD
-from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_token_table, tokenised_references
+from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_id, mirrored_token_table, tokenised_references
 from edgecap.training.ema import WeightAverage
 from edgecap.training.runs import RunSpec, run_spec
 from edgecap.training.scst import scst_loss
@@ -83,7 +83,7 @@ class Trainer:
         self.pairs = caption_pairs(self.train_records, self.vocab, max_length=self.cfg.max_caption_length)
         self.train_features = ImageFeatures(self.train_records, self.captioner, spec.encoder, self.prep,
                                             cache_dir=cache_dir, label="train features",
-                                            mirror=self.cfg.mirror_share > 0)
+                                            mirror=self.cfg.mirror_share > 0 or self.cfg.scst_mirror_share > 0)
         self.mirrored_tokens = mirrored_token_table(self.vocab)
         self.dev_features = ImageFeatures(self.dev_records, self.captioner, spec.encoder, self.prep,
                                           cache_dir=cache_dir, label="dev features")
@@ -271,8 +271,9 @@ class Trainer:
     def _scst_epoch(self, epoch: int) -> float:
         cfg = self.cfg
         if self.train_cider is None:
-            self.train_cider = CiderD(tokenised_references(self.train_records))
+            self.train_cider = CiderD(tokenised_references(self.train_records, mirrored=cfg.scst_mirror_share > 0))
         order = np.random.default_rng(cfg.seed + 1000 + epoch).permutation(len(self.train_records))
+        mirror = np.random.default_rng(cfg.seed + 3000 + epoch).random(len(order)) < cfg.scst_mirror_share  # per image
         self.captioner.train()
         if not self.spec.encoder.finetune:
             self.captioner.encoder.eval()
@@ -284,8 +285,10 @@ class Trainer:
             if len(batch) < self.dist.world_size:  # a last global batch too small to give every rank an image
                 break
             rows = distributed.shard(batch, self.dist)  # each rank samples captions for its own images
-            features = self.train_features.get(rows)
-            decoder, ids = self.captioner.decoder, [self.train_records[i].image_id for i in rows]
+            features = self.train_features.get(rows, mirror[rows])
+            ids = [mirrored_id(self.train_records[i].image_id) if flipped else self.train_records[i].image_id
+                   for i, flipped in zip(rows, mirror[rows], strict=True)]
+            decoder = self.captioner.decoder
             if hasattr(decoder, "stage_step"):  # coarse-to-fine models: C2F RL (eq. 15)
                 loss, reward = c2f_loss(decoder, features, ids, cider=self.train_cider, vocab=self.vocab,
                                         samples=cfg.scst_samples, max_length=cfg.max_caption_length,

@@ -16,7 +16,9 @@ from edgecap.errors import EdgecapError
 from edgecap.models.captioner import Captioner
 from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing, load_images
-from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_token_table
+from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_id, mirrored_token_table, tokenised_references
+from edgecap.training.loop import Trainer
+from edgecap.training.runs import resolve_run
 from edgecap.vocab import Vocab
 from tests.test_cli import invoke
 
@@ -106,9 +108,40 @@ def test_a_split_built_without_mirror_refuses_mirrored_rows(records, captioner, 
         features.get(np.array([0, 1]), np.array([True, False]))
 
 
-def test_mirror_share_out_of_range_is_refused():
-    with pytest.raises(EdgecapError, match="mirror_share"):
-        TrainConfig(mirror_share=1.5)
+@pytest.mark.parametrize("name", ["mirror_share", "scst_mirror_share"])
+def test_mirror_share_out_of_range_is_refused(name):
+    with pytest.raises(EdgecapError, match=name):
+        TrainConfig(**{name: 1.5})
+
+
+def test_a_mirrored_reference_corpus_holds_both_views_with_left_and_right_swapped_in_the_flipped_one():
+    references = tokenised_references(_records(["a dog runs left", "A cat sits."]), mirrored=True)
+    assert references == {"0": [["a", "dog", "runs", "left"]], "1": [["a", "cat", "sits"]],
+                          mirrored_id("0"): [["a", "dog", "runs", "right"]], mirrored_id("1"): [["a", "cat", "sits"]]}
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_self_critical_images_are_sampled_and_scored_on_the_view_the_share_picks(tmp_path, share):
+    json_path = generate_shapes(tmp_path / "shapes", n_train=8, n_dev=2, n_test=0)
+    spec = resolve_run("sat", f"karpathy:{json_path}", "tiny",
+                       ["train.scst_epochs=1", "train.scst_batch_images=4", f"train.scst_mirror_share={share}"])
+    (tmp_path / "run").mkdir()
+    trainer = Trainer(tmp_path / "run", spec, load_dataset(spec.data), cache_dir=tmp_path / "cache")
+    asked, scored = [], []
+    get = trainer.train_features.get
+
+    def get_and_record(indices, mirrored=None):
+        asked.append(mirrored)
+        return get(indices, mirrored)
+
+    trainer.train_features.get = get_and_record
+    trainer._scst_epoch(0)  # builds the training corpus, then scores every batch against it
+    score = trainer.train_cider.score
+    trainer.train_cider.score = lambda ids, captions: scored.extend(ids) or score(ids, captions)
+    trainer._scst_epoch(1)
+    assert all(m.all() == bool(share) and m.any() == bool(share) for m in asked)
+    flipped = {mirrored_id(r.image_id) for r in trainer.train_records}
+    assert len(scored) == 8 * spec.train.scst_samples and all((i in flipped) == bool(share) for i in scored)
 
 
 def test_a_frozen_run_with_mirroring_trains_and_caches_both_views(tmp_path):
