@@ -64,13 +64,12 @@ def run_spec(*, run_dir: Path, spec: RunSpec | None, resume: bool, changes: Sequ
         defaults = _model_defaults(saved["model_id"])
         kept = Preset(EncoderConfig(**saved["encoder"]), TrainConfig(**saved["train"]), saved["model"])
         resumed = apply_overrides(kept, list(changes), defaults)
-        refused = [key for key in _changed_keys(kept, resumed, defaults)
-                   if key.partition(".")[0] != "train" or key.partition(".")[2] not in RESUMABLE_FIELDS]
+        allowed = [f"train.{field}" for field in RESUMABLE_FIELDS]
+        refused = [key for key in _changed_keys(kept, resumed, defaults) if key not in allowed]
         if refused:
-            allowed = ", ".join(f"train.{field}" for field in RESUMABLE_FIELDS)
             raise ModelError(f"{run_dir}: --resume cannot change {', '.join(refused)}, since the run's checkpoints "
-                             f"were trained with its config.json; it may change {allowed} (start a new run with "
-                             "--out for anything else)")
+                             f"were trained with its config.json; it may change {', '.join(allowed)} (start a new "
+                             "run with --out for anything else)")
         return RunSpec(saved["model_id"], saved["data"], resumed.encoder, resumed.train, resumed.model)
     if (run_dir / "last.pt").exists():
         raise ModelError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
