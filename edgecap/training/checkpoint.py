@@ -3,7 +3,7 @@
 A checkpoint holds everything needed to rebuild the model without CLI flags:
 model id and config, encoder config, preprocessing, vocabulary and weights. The
 encoder's weights are stored only when they differ from the pretrained package
-(fine-tuned or trained from scratch), which keeps the shipped default small.
+(fine-tuned, trained from scratch or read from a file), which keeps a frozen-encoder model small.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def checkpoint_payload(captioner: Captioner, *, model_id: str, vocab: Vocab, pre
                        encoder_config: EncoderConfig, metrics: dict, half: bool = False) -> dict:
     """The model part of a checkpoint (training state is added by the loop)."""
     cast = (lambda t: t.half() if t.is_floating_point() else t) if half else (lambda t: t)
-    own_encoder = encoder_config.finetune or encoder_config.name == "small_cnn"
+    own_encoder = encoder_config.finetune or encoder_config.name == "small_cnn" or bool(encoder_config.weights)
     encoder_weights = captioner.encoder.state_dict().items() if own_encoder else None
     return {
         "format": FORMAT,
