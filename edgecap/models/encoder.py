@@ -230,7 +230,10 @@ def build_encoder(config: EncoderConfig, *, pretrained: bool = True) -> nn.Modul
             load_backbone_weights(model, encoder_weights_file(config))
         return model
     if config.name == "small_cnn":
-        return SmallCNN(config.channels)
+        model = SmallCNN(config.channels)
+        if pretrained and config.weights:
+            load_backbone_weights(model, encoder_weights_file(config))
+        return model
     raise ModelError(f"unknown encoder '{config.name}'; choose one of {', '.join(ENCODERS)}")
 
 

@@ -60,6 +60,16 @@ def test_the_encoder_comes_from_the_file(tmp_path, kind):
     assert not torch.equal(_features(loaded), _features(_lite0(seed=2)))
 
 
+def test_a_small_cnn_comes_from_the_file_too(tmp_path):
+    config = EncoderConfig(name="small_cnn", channels=8)
+    torch.manual_seed(1)
+    source = build_encoder(config).eval()
+    torch.save(source.state_dict(), tmp_path / "cnn.pth")
+    torch.manual_seed(2)
+    loaded = build_encoder(EncoderConfig(name="small_cnn", channels=8, weights=str(tmp_path / "cnn.pth"))).eval()
+    assert torch.equal(_features(loaded), _features(source))
+
+
 def _frozen_checkpoint(tmp_path: Path) -> Path:
     return _save_checkpoint(tmp_path / "frozen.pt", _lite0(seed=1), EncoderConfig())
 
