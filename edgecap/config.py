@@ -47,6 +47,8 @@ class TrainConfig:
     hard_reinforce_weight: float = 0.1  # hard attention: lambda_r on the REINFORCE term; at 1 its gradient was
     # 3.5x the likelihood's on Flickr8k, so clipping left the words little of each step
     hard_entropy: float = 0.01  # hard attention: entropy bonus lambda_e
+    hard_baseline: str = "moving"  # hard attention's REINFORCE baseline: "moving" (the paper's average b) or
+    # "caption" (each caption's log p(y|a) under the expected context: one more forward pass, no gradients)
     hard_baseline_decay: float = 0.9  # hard attention: moving-average baseline b = d*b + (1-d)*log p
     hard_expected_share: float = 0.5  # hard attention: share of captions trained on the expected context
     # instead of a sampled location, as the paper does for half its images (section 4.1)
@@ -69,6 +71,8 @@ class TrainConfig:
             raise EdgecapError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.hard_reinforce_weight < 0:
             raise EdgecapError(f"train.hard_reinforce_weight must be >= 0, got {self.hard_reinforce_weight}")
+        if self.hard_baseline not in ("moving", "caption"):
+            raise EdgecapError(f"train.hard_baseline must be 'moving' or 'caption', got '{self.hard_baseline}'")
         if not 0.0 <= self.hard_expected_share <= 1.0:
             raise EdgecapError(f"train.hard_expected_share must be in [0, 1], got {self.hard_expected_share}")
         for name in ("mirror_share", "scst_mirror_share"):

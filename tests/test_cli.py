@@ -315,12 +315,14 @@ def test_console_errors_have_no_traceback(tmp_path):
 
 
 @pytest.mark.slow
-def test_hard_attention_and_self_critical_phases_run(tmp_path):
+@pytest.mark.parametrize("baseline", ["moving", "caption"])
+def test_hard_attention_and_self_critical_phases_run(tmp_path, baseline):
     out = tmp_path / "hard"
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(out), "--max-steps", "20",
                           "--scst-epochs", "1", "--set", "model.attention=hard", "--set", "train.eval_images=10",
-                          "--set", "train.scst_batch_images=200")
+                          "--set", "train.scst_batch_images=200", "--set", f"train.hard_baseline={baseline}")
     assert code == 0, output
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [h["phase"] for h in history] == ["xe", "scst"]
-    assert json.loads((out / "config.json").read_text())["model"]["attention"] == "hard"
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["attention"] == "hard" and config["train"]["hard_baseline"] == baseline

@@ -35,6 +35,7 @@ from edgecap.training.checkpoint import checkpoint_payload, on_cpu, read_checkpo
 from edgecap.training.cider import CiderD
 from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_id, mirrored_token_table, tokenised_references
 from edgecap.training.ema import WeightAverage
+from edgecap.training.hard_attention import expected_context_logprob
 from edgecap.training.runs import RunSpec, run_spec
 from edgecap.training.scst import scst_loss
 from edgecap.vocab import PAD, Vocab
@@ -248,15 +249,19 @@ class Trainer:
             if hard:
                 # The paper adds lambda_r (log p(y|s,a) - b) dlog p(s|a) and lambda_e dH[s] to each caption's
                 # dlog p(y|s,a); that likelihood term is a mean over tokens here, so they are too (per caption they
-                # would outweigh it by the caption's length). REINFORCE acts on the sampled rows, and the baseline
-                # b tracks their log p(y|s,a) only.
+                # would outweigh it by the caption's length). REINFORCE acts on the sampled rows, and the moving
+                # baseline b tracks their log p(y|s,a) only; the "caption" baseline is each one's own.
                 seq_logprob = -(nll * mask).sum(1).detach()
-                baseline = self.state["hard_baseline"]
-                sampled = (~expected).float()
-                n_sampled = float(distributed.global_sum(sampled.sum()))
-                if n_sampled:
-                    self.state["hard_baseline"] = cfg.hard_baseline_decay * baseline + (1 - cfg.hard_baseline_decay) * (
-                        float(distributed.global_sum((seq_logprob * sampled).sum())) / n_sampled)
+                if cfg.hard_baseline == "caption":
+                    baseline = expected_context_logprob(self.captioner.decoder, features, tokens, ~expected)
+                else:
+                    baseline = self.state["hard_baseline"]
+                    sampled = (~expected).float()
+                    n_sampled = float(distributed.global_sum(sampled.sum()))
+                    if n_sampled:
+                        batch_mean = float(distributed.global_sum((seq_logprob * sampled).sum())) / n_sampled
+                        decay = cfg.hard_baseline_decay
+                        self.state["hard_baseline"] = decay * baseline + (1 - decay) * batch_mean
                 location_logprob = (out["location_logprob"] * mask).sum(1)
                 entropy = (out["entropy"] * mask).sum(1)
                 reinforce = ((seq_logprob - baseline) * location_logprob).sum()
