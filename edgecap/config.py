@@ -61,6 +61,9 @@ class TrainConfig:
     # scored against their references with "left" and "right" swapped (a second view against overfitting)
     eval_beam: int = 3  # beam size for dev selection
     eval_images: int = 0  # dev images used for selection (0: all)
+    init: str = ""  # start from this edgecap checkpoint (a .pt or run directory): its vocabulary and decoder, and its
+    # encoder when the encoder trains; with epochs=0 the run starts at self-critical training (say after a GPU
+    # fine-tune, frozen: pass the same file as encoder.weights so the cached features come from its encoder)
 
     def __post_init__(self):
         if self.scst_baseline not in ("mean", "greedy"):
@@ -80,9 +83,13 @@ class TrainConfig:
                 raise EdgecapError(f"train.{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise EdgecapError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
-        for name in ("batch_size", "epochs", "eval_beam", "max_caption_length"):
+        for name in ("batch_size", "eval_beam", "max_caption_length"):
             if getattr(self, name) < 1:
                 raise EdgecapError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.epochs < (0 if self.init else 1):
+            raise EdgecapError(f"train.epochs must be >= 1 (>= 0 with train.init), got {self.epochs}")
+        if self.epochs == 0 and not self.scst_epochs:
+            raise EdgecapError("train.epochs=0 needs train.scst_epochs >= 1: the run would train nothing")
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,8 @@ def apply_overrides(preset: Preset, overrides: list[str], model_fields: dict[str
     ``model_fields`` maps the model config's field names to their defaults, so
     model overrides are checked against the chosen architecture.
     """
-    encoder, train, model = preset.encoder, preset.train, dict(preset.model)
+    model = dict(preset.model)
+    changes: dict[str, dict[str, object]] = {"train": {}, "encoder": {}}  # applied together: no order between fields
     for item in overrides:
         key, sep, value = item.partition("=")
         section, _, name = key.partition(".")
@@ -153,13 +161,10 @@ def apply_overrides(preset: Preset, overrides: list[str], model_fields: dict[str
                 raise EdgecapError(f"--set {item}: the model has no field '{name}'; known: {', '.join(model_fields)}")
             model[name] = _coerce(value, model.get(name, model_fields[name]), key)
             continue
-        target = train if section == "train" else encoder
+        target = preset.train if section == "train" else preset.encoder
         known = {f.name for f in dataclasses.fields(target)}
         if name not in known:
             raise EdgecapError(f"--set {item}: {section} has no field '{name}'; known: {', '.join(sorted(known))}")
-        updated = dataclasses.replace(target, **{name: _coerce(value, getattr(target, name), key)})
-        if section == "train":
-            train = updated
-        else:
-            encoder = updated
-    return Preset(encoder, train, model)
+        changes[section][name] = _coerce(value, getattr(target, name), key)
+    return Preset(dataclasses.replace(preset.encoder, **changes["encoder"]),
+                  dataclasses.replace(preset.train, **changes["train"]), model)

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from edgecap.data import CaptionDataset, load_dataset
+from edgecap.errors import ModelError
 from edgecap.models import build_model
 from edgecap.models.captioner import Captioner
 from edgecap.models.encoder import build_encoder, grid_features
@@ -65,8 +66,12 @@ class Trainer:
         if self.cfg.eval_images:
             self.dev_records = self.dev_records[: self.cfg.eval_images]
         vocab_file = run_dir / "vocab.json"
+        self.init = read_checkpoint(Path(self.cfg.init)) if self.cfg.init and not vocab_file.exists() else None
         if vocab_file.exists():
             self.vocab = Vocab.from_json(json.loads(vocab_file.read_text()))
+        elif self.init:  # the decoder's embedding and output rows are this vocabulary's words
+            self.vocab = Vocab.from_json(self.init["vocab"])
+            self.vocab.save(vocab_file)
         else:
             self.vocab = Vocab.build((c for r in self.train_records for c in r.captions),
                                      min_count=self.cfg.min_word_count)
@@ -94,6 +99,28 @@ class Trainer:
                       "hard_baseline": 0.0}
         self.optimizer = self._optimizer(self.cfg.lr)
         self.average = WeightAverage(self.captioner, self.cfg.ema_decay) if self.cfg.ema_decay else None
+
+    def start_from_init(self) -> None:
+        """Load ``train.init``'s decoder (and its encoder when the encoder trains) into a new run's model."""
+        if self.init is None:
+            return
+        source, payload = self.cfg.init, self.init
+        decoder_config = asdict(self.captioner.decoder.config)
+        if payload["model_id"] != self.spec.model_id or payload["model_config"] != decoder_config:
+            differ = sorted(k for k in decoder_config if payload["model_config"].get(k) != decoder_config[k])
+            raise ModelError(f"{source}: train.init holds a {payload['model_id']} decoder that differs from this "
+                             f"run's {self.spec.model_id} in {', '.join(differ) or 'its model'}; pass a checkpoint "
+                             "of the same model, encoder and --set model.* options")
+        self.captioner.decoder.load_state_dict(payload["decoder"])
+        if self.spec.encoder.finetune and payload["encoder"] is not None:
+            try:
+                self.captioner.encoder.load_state_dict(payload["encoder"])
+            except RuntimeError:
+                raise ModelError(f"{source}: train.init's encoder does not fit this run's {self.spec.encoder.name}; "
+                                 "set encoder.name and encoder.image_size to the checkpoint's") from None
+        if self.average:
+            self.average.reset()
+        self.init = None
 
     def describe(self) -> str:
         """One line for the start of a run: what trains, where, on how much data (so a GPU user sees it is used)."""
@@ -331,8 +358,8 @@ class Trainer:
         distributed.barrier(self.dist)  # best.pt is whole before any rank reads it to start self-critical training
 
     def _start_scst(self) -> None:
-        best = read_checkpoint(self.run_dir / "best.pt")
-        self._load_weights(best)
+        if self.cfg.epochs:  # else the run starts here, from train.init's weights
+            self._load_weights(read_checkpoint(self.run_dir / "best.pt"))
         if self.average:
             self.average.reset()
         self.optimizer = self._optimizer(self.cfg.scst_lr)
@@ -407,4 +434,6 @@ def train(*, run_dir: Path, spec: RunSpec | None, resume: bool, changes: Sequenc
             tqdm.write(trainer.describe())
         if resume:
             trainer.resume()
+        else:
+            trainer.start_from_init()
         return trainer.run()

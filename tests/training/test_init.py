@@ -1,0 +1,73 @@
+"""train.init starts a new run from another run's checkpoint: fine-tune on a GPU, go on self-critically on a CPU."""
+
+import json
+
+import pytest
+import torch
+
+from edgecap.config import TrainConfig
+from edgecap.data.shapes import generate_shapes
+from edgecap.errors import EdgecapError
+from edgecap.training.checkpoint import read_checkpoint
+from tests.test_cli import invoke
+
+BATCH_NORM_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+@pytest.fixture(scope="module")
+def small_shapes(tmp_path_factory) -> str:
+    json_path = generate_shapes(tmp_path_factory.mktemp("shapes") / "small", n_train=32, n_dev=8, n_test=0)
+    return f"karpathy:{json_path}"
+
+
+@pytest.fixture(scope="module")
+def source_run(small_shapes, tmp_path_factory):
+    """A tiny run whose small_cnn encoder trained with the decoder (as --finetune-encoder does on a GPU)."""
+    run = tmp_path_factory.mktemp("source") / "run"
+    code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
+                          "--set", "train.epochs=2", "--set", "train.eval_images=8")
+    assert code == 0, output
+    return run
+
+
+def _metrics(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("finetune", ["true", "false"])
+def test_a_run_started_at_self_critical_training_holds_the_init_weights(small_shapes, source_run, tmp_path, finetune):
+    # scst_lr=0 leaves the weights as loaded: the new run's checkpoint and dev score must be the source's.
+    # Frozen, the encoder comes from encoder.weights = the same checkpoint, through the feature cache.
+    source = source_run / "best.pt"
+    run = tmp_path / "run"
+    code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
+                          "--set", f"train.init={source}", "--set", "train.epochs=0", "--set", "train.scst_epochs=1",
+                          "--set", "train.scst_lr=0", "--set", "train.eval_images=8",
+                          "--set", f"encoder.finetune={finetune}", "--set", f"encoder.weights={source}",
+                          "--cache-dir", str(tmp_path / "cache"))
+    assert code == 0, output
+    before, after = read_checkpoint(source), read_checkpoint(run / "best.pt")
+    assert json.loads((run / "vocab.json").read_text()) == before["vocab"]
+    for part in ("decoder", "encoder"):
+        assert after[part].keys() == before[part].keys()
+        weights = [k for k in before[part] if not k.endswith(BATCH_NORM_STATISTICS)]  # these move in train mode
+        assert weights and all(torch.equal(after[part][k], before[part][k]) for k in weights)
+    assert [m["phase"] for m in _metrics(run)] == ["scst"]
+    assert _metrics(run)[0]["dev_cider"] == pytest.approx(before["metrics"]["dev_cider"], abs=1e-3)
+
+
+def test_an_init_of_another_decoder_shape_is_one_line(small_shapes, source_run, tmp_path):
+    code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(tmp_path / "run"),
+                          "--set", f"train.init={source_run / 'best.pt'}", "--set", "model.embed_dim=48",
+                          "--set", "train.eval_images=8")
+    assert code == 2
+    assert output.startswith(f"error: {source_run / 'best.pt'}: train.init holds a sat decoder")
+    assert "embed_dim" in output and "\n" not in output.strip()
+
+
+def test_no_cross_entropy_epochs_need_an_init_and_self_critical_epochs():
+    with pytest.raises(EdgecapError, match="train.epochs must be >= 1"):
+        TrainConfig(epochs=0, scst_epochs=3)
+    with pytest.raises(EdgecapError, match="needs train.scst_epochs"):
+        TrainConfig(epochs=0, init="run/best.pt")
+    assert TrainConfig(epochs=0, scst_epochs=3, init="run/best.pt").epochs == 0
