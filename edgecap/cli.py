@@ -343,15 +343,16 @@ def export_model(
                             calibration_images=calib_images, heldout_images=calib_heldout,
                             heldout_split=calib_heldout_split.value,
                             threshold=calib_max_delta, quantize=quantize)
-        for line in _int8_summary(manifest.quantization):
+        for line in _int8_summary(manifest.quantization, out):
             typer.echo(line)
     typer.echo(f"exported {manifest.model_id} to {out} ({', '.join(manifest.graphs)})")
     if trt:
         _build_trt(out, manifest, precisions, engine_options)
 
 
-def _int8_summary(q: dict) -> list[str]:
-    """What calibration measured, per graph, and a warning naming the next options when it missed its threshold."""
+def _int8_summary(q: dict, directory: Path) -> list[str]:
+    """What calibration measured, per graph; a warning naming the next options when it missed its threshold, and a
+    note when its estimate is too noisy to say whether it met it."""
     from edgecap.runtime.engines import GRAPHS
 
     graphs = []
@@ -371,6 +372,11 @@ def _int8_summary(q: dict) -> list[str]:
         lines.append(f"warning: int8 |ΔCIDEr| is above --calib-max-delta {q['threshold']} even with "
                      f"{q['layers_tried']} layers kept fp32; expect `edgecap parity --precision int8` to fail. "
                      f"Try {', or '.join(hints)}.")
+    elif 1.96 * q["delta_cider_se"] > q["threshold"]:
+        lines.append(f"note: the 95% interval of that ΔCIDEr (± {1.96 * q['delta_cider_se']:.2f}) is wider than "
+                     f"--calib-max-delta {q['threshold']}, so {q['heldout_images']} held-out photos cannot tell a "
+                     f"passing INT8 export from a failing one; gate it with `edgecap parity {directory} --data SPEC "
+                     "--precision int8`, on photos calibration never scored.")
     return lines
 
 

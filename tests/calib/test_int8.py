@@ -174,6 +174,21 @@ def test_an_impossible_threshold_keeps_layers_fp32_and_says_so(tiny_export, tmp_
     assert Manifest.read(directory) == manifest
 
 
+def test_export_says_when_the_heldout_estimate_cannot_resolve_the_threshold(tmp_path):
+    """On Flickr8k, 300 held-out photos put ±1.2 on ΔCIDEr: exports measured +0.1 there and -1.9 in parity."""
+    from edgecap.cli import _int8_summary
+
+    graph = {"quantized": True, "ort_cpu_speedup": 2.0, "kept_fp32": []}
+    q = {"scheme": "ort-cpu", "method": "max", "delta_cider": 0.11, "delta_cider_se": 1.18, "heldout_images": 300,
+         "heldout_split": "dev", "threshold": 1.0, "threshold_met": True, "layers_tried": 0,
+         "encoder": graph, "step": graph}
+    noisy = _int8_summary(q, tmp_path / "exp")
+    assert len(noisy) == 2 and "± 2.31" in noisy[1] and f"edgecap parity {tmp_path / 'exp'} " in noisy[1]
+    assert len(_int8_summary({**q, "delta_cider_se": 0.41}, tmp_path / "exp")) == 1
+    failed = _int8_summary({**q, "delta_cider": -1.9, "threshold_met": False, "layers_tried": 12}, tmp_path / "exp")
+    assert len(failed) == 2 and failed[1].startswith("warning:")
+
+
 @pytest.mark.slow
 def test_int8_step_alone_runs_beside_the_fp16_encoder(tiny_export, tmp_path, monkeypatch):
     from edgecap.export.trt_compat import check_for_tensorrt
