@@ -362,6 +362,7 @@ def _int8_summary(q: dict, directory: Path) -> list[str]:
                       if g["quantized"] else f"{graph} not quantised ({g['file']})")
     lines = [f"int8 ({q['scheme']}, {q['method']}): ΔCIDEr {q['delta_cider']:+.2f} ± {q['delta_cider_se']:.2f} "
              f"on {q['heldout_images']} held-out {q['heldout_split']} photos; {'; '.join(graphs)}"]
+    half_width = 1.96 * q["delta_cider_se"]  # of the normal 95% interval: the manifest keeps the mean and its SE
     if not q["threshold_met"]:
         hints = ["more --calib-images"]
         if q["method"] == "max":
@@ -372,8 +373,8 @@ def _int8_summary(q: dict, directory: Path) -> list[str]:
         lines.append(f"warning: int8 |ΔCIDEr| is above --calib-max-delta {q['threshold']} even with "
                      f"{q['layers_tried']} layers kept fp32; expect `edgecap parity --precision int8` to fail. "
                      f"Try {', or '.join(hints)}.")
-    elif 1.96 * q["delta_cider_se"] > q["threshold"]:
-        lines.append(f"note: the 95% interval of that ΔCIDEr (± {1.96 * q['delta_cider_se']:.2f}) is wider than "
+    elif half_width > q["threshold"]:
+        lines.append(f"note: the 95% interval of that ΔCIDEr (± {half_width:.2f}) is wider than "
                      f"--calib-max-delta {q['threshold']}, so {q['heldout_images']} held-out photos cannot tell a "
                      f"passing INT8 export from a failing one; gate it with `edgecap parity {directory} --data SPEC "
                      "--precision int8`, on photos calibration never scored.")
