@@ -229,6 +229,16 @@ class Trainer:
             self.average.update()
         self.state["step"] += 1
 
+    def _train_mode(self) -> None:
+        """Train mode, except what stays fixed: a frozen encoder, or a fine-tuned one's BatchNorm statistics."""
+        self.captioner.train()
+        if not self.spec.encoder.finetune:
+            self.captioner.encoder.eval()
+        elif self.spec.encoder.frozen_batchnorm:
+            for module in self.captioner.encoder.modules():
+                if isinstance(module, (torch.nn.BatchNorm2d, torch.nn.SyncBatchNorm)):
+                    module.eval()
+
     def _xe_epoch(self, epoch: int) -> float:
         cfg = self.cfg
         hard = getattr(self.captioner.decoder.config, "attention", "soft") == "hard"
@@ -236,9 +246,7 @@ class Trainer:
         mirror = np.random.default_rng(cfg.seed + 2000 + epoch).random(len(order)) < cfg.mirror_share  # per pair
         batches = range(0, len(order), cfg.batch_size)
         total_steps = cfg.epochs * len(batches)
-        self.captioner.train()
-        if not self.spec.encoder.finetune:
-            self.captioner.encoder.eval()
+        self._train_mode()
         losses = []
         bar = tqdm(batches, desc=f"xe epoch {epoch + 1}/{cfg.epochs}", unit="batch", leave=False,
                    disable=not self.dist.is_main)
@@ -306,9 +314,7 @@ class Trainer:
             self.train_cider = CiderD(tokenised_references(self.train_records, mirrored=cfg.scst_mirror_share > 0))
         order = np.random.default_rng(cfg.seed + 1000 + epoch).permutation(len(self.train_records))
         mirror = np.random.default_rng(cfg.seed + 3000 + epoch).random(len(order)) < cfg.scst_mirror_share  # per image
-        self.captioner.train()
-        if not self.spec.encoder.finetune:
-            self.captioner.encoder.eval()
+        self._train_mode()
         rewards = []
         bar = tqdm(range(0, len(order), cfg.scst_batch_images), desc=f"scst epoch {epoch + 1}/{cfg.scst_epochs}",
                    unit="batch", leave=False, disable=not self.dist.is_main)

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from edgecap.config import TrainConfig
+from edgecap.config import EncoderConfig, TrainConfig
 from edgecap.data.shapes import generate_shapes
 from edgecap.errors import EdgecapError
 from edgecap.training.checkpoint import read_checkpoint
@@ -71,3 +71,27 @@ def test_no_cross_entropy_epochs_need_an_init_and_self_critical_epochs():
     with pytest.raises(EdgecapError, match="needs train.scst_epochs"):
         TrainConfig(epochs=0, init="run/best.pt")
     assert TrainConfig(epochs=0, scst_epochs=3, init="run/best.pt").epochs == 0
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_frozen_batchnorm_keeps_a_fine_tuned_encoders_statistics_while_its_weights_train(small_shapes, source_run,
+                                                                                         tmp_path, frozen):
+    source = source_run / "best.pt"
+    run = tmp_path / "run"
+    code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
+                          "--set", f"train.init={source}", "--set", "train.epochs=0", "--set", "train.scst_epochs=1",
+                          "--set", "train.scst_lr=1e-3", "--set", "train.eval_images=8", "--set",
+                          f"encoder.weights={source}", "--set", f"encoder.frozen_batchnorm={str(frozen).lower()}")
+    assert code == 0, output
+    before, after = read_checkpoint(source)["encoder"], read_checkpoint(run / "last.pt")["encoder"]
+    statistics = [k for k in before if k.endswith(BATCH_NORM_STATISTICS)]
+    weights = [k for k in before if k.endswith("weight")]
+    assert statistics and weights
+    assert all(torch.equal(after[k], before[k]) for k in statistics) == frozen
+    assert not all(torch.equal(after[k], before[k]) for k in weights)
+
+
+def test_frozen_batchnorm_needs_a_fine_tuned_encoder():
+    with pytest.raises(EdgecapError, match="frozen_batchnorm=true needs --finetune-encoder"):
+        EncoderConfig(frozen_batchnorm=True)
+    assert EncoderConfig(finetune=True, frozen_batchnorm=True).frozen_batchnorm
