@@ -21,8 +21,9 @@ class EncoderConfig:
     finetune: bool = False  # train the encoder too (GPU); a frozen encoder allows the feature cache
     frozen_batchnorm: bool = False  # fine-tuning a pretrained encoder: BatchNorm keeps its running statistics (its
     # scale and shift still train) instead of each batch's, which inference never sees: over batches of 32 photos
-    # they cost the shipped model 20 CIDEr-D on training photos, 3.4 on dev ones (benchmarks/encoder_shift.py);
-    # for self-critical training, whose rewarded captions are sampled from those features
+    # they cost the shipped model 20 CIDEr-D on training photos, 3.4 on dev ones (benchmarks/encoder_shift.py).
+    # Meant for self-critical training, whose rewarded captions are sampled from those features; a short CPU check
+    # kept the reward up with it but not the dev score (docs/RESULTS.md row 0r)
     channels: int = 64  # small_cnn width
 
     def __post_init__(self):
