@@ -29,7 +29,9 @@ from edgecap.runtime.manifest import file_sha256
 
 def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Preprocessing, mirrored: bool) -> str:
     digest = hashlib.sha256()
-    described = {"encoder": asdict(encoder), "prep": asdict(prep)}
+    encoder_fields = asdict(encoder)
+    del encoder_fields["frozen_batchnorm"]  # training only, and the caches written before it existed keep their names
+    described = {"encoder": encoder_fields, "prep": asdict(prep)}
     if mirrored:  # only then, so the caches written before mirroring existed keep their names
         described["mirrored"] = True
     if encoder.weights:  # the file's content, not its name, decides what the features are

@@ -113,3 +113,13 @@ def test_the_feature_cache_follows_the_weights_files_content(tmp_path):
     assert len(list(cache.glob("*.npy"))) == 2
     assert torch.allclose(first, _features(_lite0(seed=1)).half().float())
     assert torch.allclose(second, _features(_lite0(seed=2)).half().float())
+
+
+def test_cache_names_written_by_earlier_versions_still_match():
+    # Pinned from the version before encoder.frozen_batchnorm existed: a config field that does not change the
+    # features must not rename every cache, or an upgrade re-encodes every dataset.
+    from edgecap.data.features import _cache_key
+
+    records = [ImageRecord(image_id=n, path=Path("photos") / f"{n}.jpg", captions=("a photo",)) for n in ("a", "b")]
+    keys = [_cache_key(records, EncoderConfig(), Preprocessing(image_size=64), mirrored) for mirrored in (False, True)]
+    assert keys == ["906729572ac88b00", "e6299c7b819d7635"]
