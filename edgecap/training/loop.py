@@ -66,15 +66,18 @@ class Trainer:
         if self.cfg.eval_images:
             self.dev_records = self.dev_records[: self.cfg.eval_images]
         vocab_file = run_dir / "vocab.json"
-        self.init = read_checkpoint(Path(self.cfg.init)) if self.cfg.init and not vocab_file.exists() else None
-        if vocab_file.exists():
+        # A new run has no last.pt (train() refuses any other mix of --resume and run directory); files that a
+        # new run killed before its first checkpoint left behind are rewritten, never read.
+        resuming = (run_dir / "last.pt").exists()
+        self.init = read_checkpoint(Path(self.cfg.init)) if self.cfg.init and not resuming else None
+        if resuming:
             self.vocab = Vocab.from_json(json.loads(vocab_file.read_text()))
         elif self.init:  # the decoder's embedding and output rows are this vocabulary's words
             self.vocab = Vocab.from_json(self.init["vocab"])
-            self.vocab.save(vocab_file)
         else:
             self.vocab = Vocab.build((c for r in self.train_records for c in r.captions),
                                      min_count=self.cfg.min_word_count)
+        if not resuming and self.dist.is_main:
             self.vocab.save(vocab_file)
         self.prep = Preprocessing(image_size=spec.encoder.image_size)
         encoder = build_encoder(spec.encoder)

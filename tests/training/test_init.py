@@ -95,3 +95,27 @@ def test_frozen_batchnorm_needs_a_fine_tuned_encoder():
     with pytest.raises(EdgecapError, match="frozen_batchnorm=true needs --finetune-encoder"):
         EncoderConfig(frozen_batchnorm=True)
     assert EncoderConfig(finetune=True, frozen_batchnorm=True).frozen_batchnorm
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again_from_its_init(small_shapes, source_run, tmp_path):
+    # What the killed start leaves behind (a long feature cache is the usual place to stop one): config.json,
+    # command.txt and vocab.json, no checkpoint. Started again, the run must still load train.init's decoder.
+    source, run = source_run / "best.pt", tmp_path / "run"
+    run.mkdir()
+    (run / "vocab.json").write_text(json.dumps(read_checkpoint(source)["vocab"]))
+    code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
+                          "--set", f"train.init={source}", "--set", "train.epochs=0", "--set", "train.scst_epochs=1",
+                          "--set", "train.scst_lr=0", "--set", "train.eval_images=8")
+    assert code == 0, output
+    before, after = read_checkpoint(source)["decoder"], read_checkpoint(run / "best.pt")["decoder"]
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_a_new_run_rewrites_the_vocabulary_a_killed_start_left(small_shapes, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "vocab.json").write_text(json.dumps({"words": ["<pad>", "<bos>", "<eos>", "<unk>", "stale"]}))
+    code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
+                          "--set", "train.epochs=1", "--set", "train.eval_images=8")
+    assert code == 0, output
+    assert "stale" not in json.loads((run / "vocab.json").read_text())["words"]
