@@ -91,6 +91,7 @@ def process_group() -> Iterator[Context]:
         dist.init_process_group("gloo", timeout=TIMEOUT)
     try:
         yield Context(rank=rank, world_size=world_size, device=device)
+        dist.barrier()  # leave together: a gloo rank torn down while rank 0 still writes its files can abort (SIGABRT)
     finally:
         dist.destroy_process_group()
 
