@@ -26,12 +26,14 @@ from edgecap.models.encoder import build_encoder, encoder_weights_file, grid_fea
 from edgecap.preprocess import Preprocessing, load_images
 from edgecap.runtime.manifest import file_sha256
 
+FEATURE_FIELDS = ("name", "image_size", "weights", "finetune", "channels")
+"""The encoder config fields a cache key hashes: the ones that existed when caches were first written. A field
+added later that does not change the features (a training option) must not rename every cache."""
+
 
 def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Preprocessing, mirrored: bool) -> str:
     digest = hashlib.sha256()
-    encoder_fields = asdict(encoder)
-    del encoder_fields["frozen_batchnorm"]  # training only, and the caches written before it existed keep their names
-    described = {"encoder": encoder_fields, "prep": asdict(prep)}
+    described = {"encoder": {name: getattr(encoder, name) for name in FEATURE_FIELDS}, "prep": asdict(prep)}
     if mirrored:  # only then, so the caches written before mirroring existed keep their names
         described["mirrored"] = True
     if encoder.weights:  # the file's content, not its name, decides what the features are
