@@ -85,7 +85,8 @@ def parse_list(value: str, allowed: type[Enum], option: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-ModelDir = Annotated[Path | None, typer.Option("--model", help="Run directory or checkpoint (default: shipped model)")]
+ModelDir = Annotated[Path | None, typer.Option("--model", help="Run directory, checkpoint or export directory "
+                                                           "(default: shipped model)")]
 Beam = Annotated[int, typer.Option(help="Beam size (1 = greedy)", min=1)]
 LengthPenalty = Annotated[float, typer.Option(help="Rank finished captions by log-prob / length**ALPHA "
                                                    "(0: the raw sum, which favours short captions)", min=0.0)]
@@ -153,6 +154,20 @@ def _is_export(path: Path | None) -> bool:
     return path is not None and (path / MANIFEST_NAME).is_file()
 
 
+def _backend_for(model: Path | None, backend: Backend | None, precision: Precision) -> Backend:
+    """What runs ``model`` when ``--backend`` may be left out: ort for an export directory, torch for a run, a
+    checkpoint or the shipped default; a flag that only an export can honour is refused for torch."""
+    export = _is_export(model)
+    backend = backend or (Backend.ort if export else Backend.torch)
+    if export and backend is Backend.torch:
+        raise EdgecapError(f"{model} is an export directory: run it with --backend ort or trt, or pass the run "
+                           "it came from for torch")
+    if backend is Backend.torch and precision is not Precision.fp32:
+        raise EdgecapError(f"--precision {precision.value} picks an export's graphs; export the run first "
+                           "(`edgecap export RUN --out DIR --precision ...`) and pass DIR")
+    return backend
+
+
 @app.command("eval")
 def evaluate(
     data: Annotated[str, typer.Option(help="Dataset spec: flickr8k:DIR, karpathy:FILE.json[:ROOT], coco:DIR, shapes")],
@@ -174,14 +189,7 @@ def evaluate(
     from edgecap.report import eval_json, eval_table, write_json
 
     options = _search_options(beam, length_penalty, block_trigrams)
-    export = _is_export(run)
-    backend = backend or (Backend.ort if export else Backend.torch)
-    if export and backend is Backend.torch:
-        raise EdgecapError(f"{run} is an export directory: score it with --backend ort or trt, or pass the run "
-                           "it came from for torch")
-    if backend is Backend.torch and precision is not Precision.fp32:
-        raise EdgecapError(f"--precision {precision.value} picks an export's graphs; export the run first "
-                           "(`edgecap export RUN --out DIR --precision ...`) and score DIR")
+    backend = _backend_for(run, backend, precision)
     captioner = _open_export(run, backend, precision, device) if backend is not Backend.torch else None
     if captioner is not None:
         from edgecap.runtime.pipeline import check_options
@@ -218,7 +226,8 @@ def evaluate(
 def caption(
     images: Annotated[list[Path], typer.Argument(help="Image files, or folders of them")],
     model: ModelDir = None,
-    backend: Annotated[Backend, typer.Option(help="Inference backend")] = Backend.torch,
+    backend: Annotated[Backend | None, typer.Option(help="torch for a run or checkpoint; ort (default) or trt for "
+                                                         "an export directory, which needs no torch")] = None,
     precision: Annotated[Precision, typer.Option(help="Graph precision (ort and trt backends)")] = Precision.fp32,
     device: Annotated[Device, typer.Option(help="ONNX Runtime execution provider (ort backend)")] = Device.cpu,
     beam: Beam = 3,
@@ -236,6 +245,7 @@ def caption(
     from edgecap.report import attention_png, caption_json
 
     options = _search_options(beam, length_penalty, block_trigrams)
+    backend = _backend_for(model, backend, precision)
     paths = image_files(images)
     if backend in (Backend.ort, Backend.trt):
         caption_batch = partial(_open_export(model, backend, precision, device).caption, options=options)
@@ -489,8 +499,27 @@ def bench(
         bench_plot(report, plot)
 
 
+# The optional packages a command imports when it needs them, and the extra that installs each.
+EXTRA_OF_PACKAGE = {"torch": "train", "matplotlib": "train", "onnx": "export", "onnxscript": "export",
+                    "onnxruntime": "runtime"}
+
+
+def missing_package_message(err: ModuleNotFoundError) -> str | None:
+    """One line naming the extra that installs a missing optional package; None for any other missing module."""
+    package = (err.name or "").partition(".")[0]
+    extra = EXTRA_OF_PACKAGE.get(package)
+    if extra is None:
+        return None
+    message = f"this command needs {package}, which is not installed: pip install 'edgecap[{extra}]'"
+    if package == "torch":
+        message += ("; without it, an export directory (made by `edgecap export` where torch is) still runs: "
+                    "`edgecap caption IMG --model DIR`, `edgecap eval DIR`, `edgecap bench DIR --backend ort`")
+    return message
+
+
 def main() -> None:
-    """Entry point: user errors become one line on stderr and exit status 2 (``--debug`` keeps the traceback)."""
+    """Entry point: user errors, and an optional package this install lacks, become one line on stderr and exit
+    status 2 (``--debug`` keeps the traceback)."""
     debug = "--debug" in sys.argv
     if debug:
         sys.argv.remove("--debug")
@@ -501,3 +530,9 @@ def main() -> None:
             raise
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    except ModuleNotFoundError as err:
+        message = missing_package_message(err)
+        if debug or message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)

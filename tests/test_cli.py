@@ -220,6 +220,27 @@ def test_captioning_needs_no_scoring_package():
     assert output.startswith(f"{photo}: ") and len(output.split()) >= 4
 
 
+def test_a_command_that_needs_torch_names_the_extra_where_torch_is_missing():
+    """A runtime-only install has no torch: the shipped checkpoint cannot run, and the error says what can."""
+    output = run_without("torch", f"""
+        from edgecap.cli import main
+        sys.argv = ["edgecap", "caption", {str(SAMPLES / "camera.jpg")!r}]
+        sys.stderr = sys.stdout
+        try:
+            main()
+        except SystemExit as done:
+            print("exit", done.code)
+    """)
+    message, status = output.strip().splitlines()
+    assert status == "exit 2" and message.startswith("error: this command needs torch")
+    assert "pip install 'edgecap[train]'" in message and "--model DIR" in message
+
+
+def test_caption_refuses_a_precision_only_an_export_has():
+    code, output = invoke("caption", str(SAMPLES / "camera.jpg"), "--precision", "fp16")
+    assert code == 2 and "--precision fp16 picks an export's graphs" in output, output
+
+
 @pytest.mark.parametrize(("args", "named"), [(["eval", "--data", "flickr8k:/nowhere"], "/nowhere"),
                                              (["parity", "exp", "--data", "shapes", "--backend", "trt"], "TensorRT")])
 def test_a_wrong_argument_is_named_before_the_missing_scoring_package(args, named):

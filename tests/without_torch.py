@@ -10,7 +10,7 @@ BLOCKER = textwrap.dedent("""
     class Block:
         def find_spec(self, name, path=None, target=None):
             if name == {package!r} or name.startswith({package!r} + "."):
-                raise ImportError({package!r} + " is blocked in this test")
+                raise ModuleNotFoundError(f"No module named {{name!r}} (blocked in this test)", name=name)
     sys.meta_path.insert(0, Block())
 """)
 

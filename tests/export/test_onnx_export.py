@@ -50,6 +50,23 @@ def test_export_directory_captions_without_torch(tiny_export):
 
 
 @pytest.mark.slow
+def test_the_cli_captions_an_export_directory_without_torch_or_a_backend_flag(tiny_export):
+    """What a runtime-only install does: ``--model`` naming an export directory is enough."""
+    from edgecap.data import load_dataset
+
+    image = str(load_dataset("shapes").split("test")[0].path)
+    output = run_without_torch(f"""
+        from edgecap.cli import main
+        sys.argv = ["edgecap", "caption", {image!r}, "--model", {str(tiny_export / "exp")!r}]
+        try:
+            main()
+        except SystemExit as done:
+            assert not done.code, done.code
+    """)
+    assert output.startswith(f"{image}: ") and len(output.split()) >= 3, output
+
+
+@pytest.mark.slow
 def test_frames_in_memory_caption_as_their_files_do(tiny_export):
     import numpy as np
     from edgecap.runtime.pipeline import Captioner
