@@ -242,9 +242,11 @@ def caption(
     if any image failed.
     """
     from edgecap.preprocess import image_files, read_rgb
-    from edgecap.report import attention_png, caption_json
+    from edgecap.report import attention_png, caption_json, require_plotting
 
     options = _search_options(beam, length_penalty, block_trigrams)
+    if attention:
+        require_plotting()
     backend = _backend_for(model, backend, precision)
     paths = image_files(images)
     if backend in (Backend.ort, Backend.trt):
@@ -478,10 +480,12 @@ def bench(
 ) -> None:
     """Time encoder, step and whole caption per backend/precision/batch/beam, side by side with PyTorch eager."""
     from edgecap.benchmarking import BenchPlan, run_bench
-    from edgecap.report import bench_json, bench_markdown, bench_plot, write_json, write_text
+    from edgecap.report import bench_json, bench_markdown, bench_plot, require_plotting, write_json, write_text
 
     if export_dir is None:
         raise EdgecapError("bench needs EXPORT_DIR, an export directory made by `edgecap export`")
+    if plot:
+        require_plotting()
     plan = BenchPlan(backends=tuple(parse_list(backend, Backend, "--backend")),
                      precisions=tuple(parse_list(precision, Precision, "--precision")),
                      batches=tuple(parse_ints(batch, "--batch")), beams=tuple(parse_ints(beam, "--beam")),
@@ -500,7 +504,7 @@ def bench(
 
 
 # The optional packages a command imports when it needs them, and the extra that installs each.
-EXTRA_OF_PACKAGE = {"torch": "train", "matplotlib": "train", "onnx": "export", "onnxscript": "export",
+EXTRA_OF_PACKAGE = {"torch": "train", "matplotlib": "plots", "onnx": "export", "onnxscript": "export",
                     "onnxruntime": "runtime"}
 
 

@@ -121,6 +121,11 @@ def caption_json(caption: Caption) -> dict:
     return {"image": str(caption.image), "caption": caption.text, "logprob": round(caption.logprob, 4)}
 
 
+def require_plotting() -> None:
+    """Raise the missing-module error of the plots extra (matplotlib) before captioning or timing, not after."""
+    import matplotlib  # noqa: F401
+
+
 def attention_png(caption: Caption, image: Image.Image, path: Path, *, columns: int = 5) -> None:
     """A grid: the image, then the image under each word's attention map (upsampled from the feature grid)."""
     import matplotlib

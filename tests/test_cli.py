@@ -236,6 +236,21 @@ def test_a_command_that_needs_torch_names_the_extra_where_torch_is_missing():
     assert "pip install 'edgecap[train]'" in message and "--model DIR" in message
 
 
+def test_attention_maps_without_matplotlib_fail_before_any_captioning(tmp_path):
+    output = run_without("matplotlib", f"""
+        from edgecap.cli import main
+        sys.argv = ["edgecap", "caption", {str(SAMPLES / "camera.jpg")!r}, "--attention", {str(tmp_path / "a.png")!r}]
+        sys.stderr = sys.stdout
+        try:
+            main()
+        except SystemExit as done:
+            print("exit", done.code)
+    """)
+    message, status = output.strip().splitlines()
+    assert status == "exit 2" and message == ("error: this command needs matplotlib, which is not installed: "
+                                              "pip install 'edgecap[plots]'")
+
+
 def test_caption_refuses_a_precision_only_an_export_has():
     code, output = invoke("caption", str(SAMPLES / "camera.jpg"), "--precision", "fp16")
     assert code == 2 and "--precision fp16 picks an export's graphs" in output, output
