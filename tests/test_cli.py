@@ -28,6 +28,20 @@ def invoke(*args: str):
     return result.exit_code, result.output
 
 
+def run_cli_without(package: str, args: list[str]) -> str:
+    """What ``edgecap ARGS`` prints on stdout and stderr, then ``exit N`` if it exits, in a fresh interpreter where
+    ``package`` cannot be imported (an install without that extra)."""
+    return run_without(package, f"""
+        from edgecap.cli import main
+        sys.argv = ["edgecap", *{args!r}]
+        sys.stderr = sys.stdout
+        try:
+            main()
+        except SystemExit as done:
+            print("exit", done.code)
+    """)
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("runs") / "tiny"
@@ -222,30 +236,15 @@ def test_captioning_needs_no_scoring_package():
 
 def test_a_command_that_needs_torch_names_the_extra_where_torch_is_missing():
     """A runtime-only install has no torch: the shipped checkpoint cannot run, and the error says what can."""
-    output = run_without("torch", f"""
-        from edgecap.cli import main
-        sys.argv = ["edgecap", "caption", {str(SAMPLES / "camera.jpg")!r}]
-        sys.stderr = sys.stdout
-        try:
-            main()
-        except SystemExit as done:
-            print("exit", done.code)
-    """)
+    output = run_cli_without("torch", ["caption", str(SAMPLES / "camera.jpg")])
     message, status = output.strip().splitlines()
     assert status == "exit 2" and message.startswith("error: this command needs torch")
     assert "pip install 'edgecap[train]'" in message and "--model DIR" in message
 
 
 def test_attention_maps_without_matplotlib_fail_before_any_captioning(tmp_path):
-    output = run_without("matplotlib", f"""
-        from edgecap.cli import main
-        sys.argv = ["edgecap", "caption", {str(SAMPLES / "camera.jpg")!r}, "--attention", {str(tmp_path / "a.png")!r}]
-        sys.stderr = sys.stdout
-        try:
-            main()
-        except SystemExit as done:
-            print("exit", done.code)
-    """)
+    output = run_cli_without("matplotlib", ["caption", str(SAMPLES / "camera.jpg"), "--attention",
+                                            str(tmp_path / "a.png")])
     message, status = output.strip().splitlines()
     assert status == "exit 2" and message == ("error: this command needs matplotlib, which is not installed: "
                                               "pip install 'edgecap[plots]'")
@@ -260,15 +259,7 @@ def test_caption_refuses_a_precision_only_an_export_has():
                                              (["parity", "exp", "--data", "shapes", "--backend", "trt"], "TensorRT")])
 def test_a_wrong_argument_is_named_before_the_missing_scoring_package(args, named):
     """Scoring commands check what the user typed first: fixing the install would only lead to that error."""
-    output = run_without("pycocoevalcap", f"""
-        from edgecap.cli import main
-        sys.argv = ["edgecap", *{args!r}]
-        sys.stderr = sys.stdout
-        try:
-            main()
-        except SystemExit as done:
-            print("exit", done.code)
-    """)
+    output = run_cli_without("pycocoevalcap", args)
     assert named in output and "pycocoevalcap" not in output and output.strip().endswith("exit 2"), output
 
 
