@@ -13,10 +13,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+from edgecap.runtime.backends.trt_cuda import INSTALL_HINT
 from edgecap.runtime.engines import GRAPHS
 from edgecap.runtime.manifest import Manifest
 
-from edgecap.errors import ModelError
+from edgecap.errors import BackendUnavailableError, ModelError
 
 MIN_OPSET = 13  # per-axis QuantizeLinear / DequantizeLinear
 HALF_TYPES = {10: "float16", 16: "bfloat16"}  # onnx.TensorProto.FLOAT16, BFLOAT16
@@ -144,6 +145,10 @@ def graph_problems(path: Path, precision: str) -> list[str]:
 
 def check_for_tensorrt(directory: Path, manifest: Manifest, precisions: Iterable[str]) -> None:
     """Raise one ModelError line listing what TensorRT would refuse in the graphs of ``precisions``."""
+    try:
+        import onnx  # noqa: F401  (the check reads the graph files with it)
+    except ModuleNotFoundError:  # the trt extra brings it; naming the export extra would send the user there first
+        raise BackendUnavailableError(f"checking graphs for TensorRT needs onnx; {INSTALL_HINT}") from None
     problems = [p for precision in precisions
                 for graph, path in zip(GRAPHS, manifest.graph_files(directory, precision), strict=True)
                 for p in graph_problems(path, manifest.stored_precision(precision, graph))]

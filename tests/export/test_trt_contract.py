@@ -23,7 +23,7 @@ from edgecap.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, Te
 
 from edgecap.errors import BackendUnavailableError, ModelError
 from edgecap.preprocess import SAMPLE_IMAGES
-from tests.test_cli import invoke
+from tests.test_cli import invoke, run_cli_without
 from tests.without_torch import run_without_torch
 
 HERE = DeviceInfo("NVIDIA H100 80GB HBM3", "9.0", "10.8.0")
@@ -283,6 +283,14 @@ def test_graphs_broken_on_purpose_fail_the_check(tiny_export, int8_export, tmp_p
     problems = graph_problems(broken, precision)
     assert problems and any(words in p for p in problems), problems
     assert all(p.startswith(broken.name) and "\n" not in p for p in problems)
+
+
+@pytest.mark.slow
+def test_export_trt_without_onnx_names_the_trt_extra(tiny_export):
+    output = run_cli_without("onnx", ["export", str(tiny_export / "exp"), "--trt", "--precision", "fp32"])
+    message, status = output.strip().splitlines()
+    assert status == "exit 2" and message.startswith("error: checking graphs for TensorRT needs onnx")
+    assert "pip install edgecap[trt]" in message
 
 
 @pytest.mark.slow
