@@ -144,7 +144,8 @@ def graph_problems(path: Path, precision: str) -> list[str]:
 
 
 def check_for_tensorrt(directory: Path, manifest: Manifest, precisions: Iterable[str]) -> None:
-    """Raise one ModelError line listing what TensorRT would refuse in the graphs of ``precisions``."""
+    """Raise one ModelError line listing what TensorRT would refuse in the graphs of ``precisions`` (a
+    BackendUnavailableError where onnx, which reads them, is not installed)."""
     try:
         import onnx  # noqa: F401  (the check reads the graph files with it)
     except ModuleNotFoundError:  # the trt extra brings it; naming the export extra would send the user there first
