@@ -1,6 +1,6 @@
 """Package a trained run as the shipped default model: fp16 weights + a model card.
 
-Usage: python scripts/ship_default.py RUN_DIR --eval-json EVAL.json --command "edgecap train ..."
+Usage: python scripts/ship_default.py RUN_DIR --eval-json EVAL.json --command "edgecap train ..." [--out MODEL.pt]
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from pathlib import Path
 import torch
 
 from edgecap.training.checkpoint import DEFAULT_MODEL, read_checkpoint, save_atomic
+
+ARCHITECTURE_NAMES = {"sat": "Show, Attend and Tell", "spca": "SPCA", "stackcap": "Stack-Captioning",
+                      "glied": "GLIED", "a2": "the A² attention-aligned Transformer"}
 
 
 def encoder_origin(payload: dict) -> str:
@@ -32,6 +35,8 @@ def main() -> None:
     parser.add_argument("run", type=Path)
     parser.add_argument("--eval-json", type=Path, required=True, help="edgecap eval --json output on Flickr8k dev")
     parser.add_argument("--command", required=True, help="the exact training command line")
+    parser.add_argument("--out", type=Path, default=DEFAULT_MODEL,
+                        help="where the weights go, MODEL_CARD.md beside them (default: the shipped default)")
     args = parser.parse_args()
     payload = read_checkpoint(args.run)
     fine_tuned = payload["encoder"] is not None
@@ -39,18 +44,18 @@ def main() -> None:
         payload[part] = {k: v.half() if v.is_floating_point() else v for k, v in payload[part].items()}
     scores = json.loads(args.eval_json.read_text())
     payload["metrics"] = {**payload.get("metrics", {}), "flickr8k_dev_beam3": scores["metrics"]}
-    save_atomic(payload, DEFAULT_MODEL)
+    save_atomic(payload, args.out)
     config = json.loads((args.run / "config.json").read_text())
     history = [json.loads(line) for line in (args.run / "metrics.jsonl").read_text().splitlines()]
     rows = "\n".join(f"| {m} | {100 * v:.1f} |" for m, v in scores["metrics"].items())
     curve = "\n".join(f"| {h['phase']} | {h['epoch']} | {h['dev_cider']:.2f} |" for h in history)
     stored = "decoder and fine-tuned encoder" if fine_tuned else "decoder"
     encoder = payload["encoder_config"]
-    card = f"""# Shipped default model: Show, Attend and Tell on Flickr8k
+    card = f"""# Shipped default model: {ARCHITECTURE_NAMES[payload['model_id']]} on Flickr8k
 
 - Architecture: `{payload['model_id']}`, decoder config `{json.dumps(payload['model_config'])}`.
 - Encoder: `{encoder['name']}` at {encoder['image_size']} px, {encoder_origin(payload)}
-- Weights: fp16 (`model.pt`, {DEFAULT_MODEL.stat().st_size / 1e6:.1f} MB, {stored}), loaded as fp32.
+- Weights: fp16 (`{args.out.name}`, {args.out.stat().st_size / 1e6:.1f} MB, {stored}), loaded as fp32.
 - Vocabulary: {len(payload['vocab']['words'])} words (training captions, count >= {config['train']['min_word_count']}).
 - Data: Flickr8k (Hodosh, Young and Hockenmaier, 2013), 6,000 training photos with 5 captions each, selected on
   the 1,000 dev photos. Flickr8k is distributed for research use; the photos belong to their Flickr authors and
@@ -81,8 +86,8 @@ Dev CIDEr-D per epoch during training (beam {config['train']['eval_beam']}, edge
 |---|---|---|
 {curve}
 """
-    (DEFAULT_MODEL.parent / "MODEL_CARD.md").write_text(card)
-    print(f"wrote {DEFAULT_MODEL} and MODEL_CARD.md")
+    (args.out.parent / "MODEL_CARD.md").write_text(card)
+    print(f"wrote {args.out} and MODEL_CARD.md")
 
 
 if __name__ == "__main__":
