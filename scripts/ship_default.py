@@ -1,6 +1,7 @@
-"""Package a trained run as the shipped default model: fp16 weights + a model card.
+"""Package a trained run as the shipped default model: fp16 (or weight-only INT8) weights + a model card.
 
 Usage: python scripts/ship_default.py RUN_DIR --eval-json EVAL.json --command "edgecap train ..." [--out MODEL.pt]
+       [--weights fp16|int8]
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ from pathlib import Path
 import torch
 
 from edgecap.training.checkpoint import DEFAULT_MODEL, read_checkpoint, save_atomic
+from edgecap.weight_storage import pack_int8
 
 ARCHITECTURE_NAMES = {"sat": "Show, Attend and Tell", "spca": "SPCA", "stackcap": "Stack-Captioning",
                       "glied": "GLIED", "a2": "the A² attention-aligned Transformer"}
+
+WEIGHT_FORMATS = {"fp16": "fp16",
+                  "int8": "weight-only INT8 (matrices and kernels of 4,096+ values as int8 with one fp16 scale per "
+                          "output channel, the rest fp16; the scores below are of these rounded weights)"}
 
 
 def encoder_origin(payload: dict) -> str:
@@ -33,15 +39,21 @@ def encoder_origin(payload: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path)
-    parser.add_argument("--eval-json", type=Path, required=True, help="edgecap eval --json output on Flickr8k dev")
+    parser.add_argument("--eval-json", type=Path, required=True,
+                        help="edgecap eval --json output on Flickr8k dev of the weights as stored; with --weights "
+                             "int8, evaluate a first --out file, then run again with its scores (packing repeats)")
     parser.add_argument("--command", required=True, help="the exact training command line")
     parser.add_argument("--out", type=Path, default=DEFAULT_MODEL,
                         help="where the weights go, MODEL_CARD.md beside them (default: the shipped default)")
+    parser.add_argument("--weights", choices=("fp16", "int8"), default="fp16",
+                        help="int8: large matrices and kernels as int8 with per-channel scales, half fp16's size")
     args = parser.parse_args()
     payload = read_checkpoint(args.run)
     fine_tuned = payload["encoder"] is not None
+    store = pack_int8 if args.weights == "int8" else (
+        lambda state: {k: v.half() if v.is_floating_point() else v for k, v in state.items()})
     for part in ("decoder", "encoder") if fine_tuned else ("decoder",):
-        payload[part] = {k: v.half() if v.is_floating_point() else v for k, v in payload[part].items()}
+        payload[part] = store(payload[part])
     scores = json.loads(args.eval_json.read_text())
     payload["metrics"] = {**payload.get("metrics", {}), "flickr8k_dev_beam3": scores["metrics"]}
     save_atomic(payload, args.out)
@@ -55,7 +67,8 @@ def main() -> None:
 
 - Architecture: `{payload['model_id']}`, decoder config `{json.dumps(payload['model_config'])}`.
 - Encoder: `{encoder['name']}` at {encoder['image_size']} px, {encoder_origin(payload)}
-- Weights: fp16 (`{args.out.name}`, {args.out.stat().st_size / 1e6:.1f} MB, {stored}), loaded as fp32.
+- Weights: {WEIGHT_FORMATS[args.weights]} (`{args.out.name}`, {args.out.stat().st_size / 1e6:.1f} MB, {stored}),
+  loaded as fp32.
 - Vocabulary: {len(payload['vocab']['words'])} words (training captions, count >= {config['train']['min_word_count']}).
 - Data: Flickr8k (Hodosh, Young and Hockenmaier, 2013), 6,000 training photos with 5 captions each, selected on
   the 1,000 dev photos. Flickr8k is distributed for research use; the photos belong to their Flickr authors and

@@ -1,5 +1,5 @@
-"""scripts/ship_default.py, which turns a run into the shipped default: fp16 weights that load, and a card that
-names the architecture and the command."""
+"""scripts/ship_default.py, which turns a run into the shipped default: fp16 or INT8 weights that load (as a model,
+as another run's encoder.weights and train.init), and a card that names the architecture and the command."""
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +15,14 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ship_default.py"
 
 @needs_scoring
 @pytest.mark.slow
-def test_a_shipped_run_loads_from_fp16_weights_and_its_card_names_architecture_and_command(tiny_export, tmp_path):
+@pytest.mark.parametrize("weights", ["fp16", "int8"])
+def test_a_shipped_run_loads_from_its_stored_weights_and_its_card_names_architecture_and_command(
+        tiny_export, tmp_path, weights):
     from edgecap.runtime.search import SearchOptions
 
     from edgecap.captioning import caption_images
     from edgecap.data import load_dataset
+    from edgecap.models.encoder import read_encoder_weights
     from edgecap.training.checkpoint import load_model, read_checkpoint
 
     run = tiny_export / "run"
@@ -30,12 +33,19 @@ def test_a_shipped_run_loads_from_fp16_weights_and_its_card_names_architecture_a
     out = tmp_path / "shipped" / "model.pt"
     command = "edgecap train --data shapes --preset tiny --max-steps 150"
     subprocess.run([sys.executable, str(SCRIPT), str(run), "--eval-json", str(scores), "--command", command,
-                    "--out", str(out)], check=True, capture_output=True)
+                    "--out", str(out), "--weights", weights], check=True, capture_output=True)
 
     payload = read_checkpoint(out)
-    assert {v.dtype for v in payload["decoder"].values() if v.is_floating_point()} == {torch.float16}
+    stored = {v.dtype for part in ("decoder", "encoder") for v in payload[part].values()}
+    assert torch.float32 not in stored and (torch.int8 in stored) == (weights == "int8")
     card = (out.parent / "MODEL_CARD.md").read_text()
     assert card.startswith("# Shipped default model: Show, Attend and Tell on Flickr8k")
     assert command in card and "`model.pt`" in card
+    assert f"- Weights: {'fp16' if weights == 'fp16' else 'weight-only INT8'} (" in card
+    shipped, trained = load_model(out).captioner, load_model(run).captioner
+    for name, weight in trained.decoder.state_dict().items():
+        assert torch.allclose(shipped.decoder.state_dict()[name], weight, atol=0.02 * weight.abs().max().item()), name
+    encoder = shipped.encoder.state_dict()
+    assert all(torch.equal(encoder[k], v) for k, v in read_encoder_weights(out).items())
     image = load_dataset("shapes").split("test")[0].path
     assert caption_images(load_model(out), [image], SearchOptions())[0].words

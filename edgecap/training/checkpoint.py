@@ -23,6 +23,7 @@ from edgecap.models.encoder import build_encoder
 from edgecap.preprocess import Preprocessing
 from edgecap.runtime.manifest import Manifest, file_sha256
 from edgecap.vocab import Vocab
+from edgecap.weight_storage import stored_weights
 
 FORMAT = "edgecap-checkpoint/1"
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "assets" / "default" / "model.pt"
@@ -110,9 +111,9 @@ def load_model(path: Path | None = None) -> LoadedModel:
     encoder_config = EncoderConfig(**payload["encoder_config"])
     encoder = build_encoder(encoder_config, pretrained=payload["encoder"] is None)
     if payload["encoder"] is not None:
-        encoder.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in payload["encoder"].items()})
+        encoder.load_state_dict(stored_weights(payload["encoder"]))
     decoder = build_model(model_id, payload["model_config"])
-    decoder.load_state_dict({k: v.float() for k, v in payload["decoder"].items()})
+    decoder.load_state_dict(stored_weights(payload["decoder"]))
     captioner = Captioner(encoder, decoder).eval()
     return LoadedModel(captioner=captioner, model_id=model_id, vocab=Vocab.from_json(payload["vocab"]),
                        prep=Preprocessing.from_json(payload["preprocessing"]), encoder_config=encoder_config,

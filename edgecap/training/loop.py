@@ -40,6 +40,7 @@ from edgecap.training.hard_attention import expected_context_logprob
 from edgecap.training.runs import RunSpec, run_spec
 from edgecap.training.scst import scst_loss
 from edgecap.vocab import PAD, Vocab
+from edgecap.weight_storage import stored_weights
 
 
 def _lr_factor(step: int, *, warmup: int, total: int) -> float:
@@ -114,10 +115,10 @@ class Trainer:
             raise ModelError(f"{source}: train.init holds a {payload['model_id']} decoder that differs from this "
                              f"run's {self.spec.model_id} in {', '.join(differ) or 'its model'}; pass a checkpoint "
                              "of the same model, encoder and --set model.* options")
-        self.captioner.decoder.load_state_dict(payload["decoder"])
+        self.captioner.decoder.load_state_dict(stored_weights(payload["decoder"]))
         if self.spec.encoder.finetune and payload["encoder"] is not None:
             try:
-                self.captioner.encoder.load_state_dict(payload["encoder"])
+                self.captioner.encoder.load_state_dict(stored_weights(payload["encoder"]))
             except RuntimeError:
                 raise ModelError(f"{source}: train.init's encoder does not fit this run's {self.spec.encoder.name}; "
                                  "set encoder.name and encoder.image_size to the checkpoint's") from None

@@ -8,7 +8,8 @@ import torch
 from edgecap.config import EncoderConfig, TrainConfig
 from edgecap.data.shapes import generate_shapes
 from edgecap.errors import EdgecapError
-from edgecap.training.checkpoint import read_checkpoint
+from edgecap.training.checkpoint import read_checkpoint, save_atomic
+from edgecap.weight_storage import INT8, pack_int8, stored_weights
 from tests.test_cli import invoke
 
 BATCH_NORM_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
@@ -119,3 +120,24 @@ def test_a_new_run_rewrites_the_vocabulary_a_killed_start_left(small_shapes, tmp
                           "--set", "train.epochs=1", "--set", "train.eval_images=8")
     assert code == 0, output
     assert "stale" not in json.loads((run / "vocab.json").read_text())["words"]
+
+
+def test_a_checkpoint_stored_with_int8_weights_starts_a_run_with_its_rounded_weights(small_shapes, source_run,
+                                                                                      tmp_path):
+    # The shipped default may store weight-only INT8: as train.init and encoder.weights it must give the weights
+    # it stands for, which scst_lr=0 leaves in the new run's checkpoint.
+    packed = read_checkpoint(source_run / "best.pt")
+    packed["decoder"], packed["encoder"] = pack_int8(packed["decoder"]), pack_int8(packed["encoder"])
+    source, run = tmp_path / "int8.pt", tmp_path / "run"
+    save_atomic(packed, source)
+    code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
+                          "--set", f"train.init={source}", "--set", "train.epochs=0", "--set", "train.scst_epochs=1",
+                          "--set", "train.scst_lr=0", "--set", "train.eval_images=8", "--set", "encoder.finetune=true",
+                          "--set", f"encoder.weights={source}", "--cache-dir", str(tmp_path / "cache"))
+    assert code == 0, output
+    after = read_checkpoint(run / "best.pt")
+    assert any(k.endswith(INT8) for k in packed["decoder"]) and any(k.endswith(INT8) for k in packed["encoder"])
+    for part in ("decoder", "encoder"):
+        expected = stored_weights(packed[part])
+        weights = [k for k in expected if not k.endswith(BATCH_NORM_STATISTICS)]
+        assert weights and all(torch.equal(after[part][k], expected[k]) for k in weights)
