@@ -46,4 +46,3 @@ def stored_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             weights[name] = value.float() if value.is_floating_point() else value
     return weights
-
