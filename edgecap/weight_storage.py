@@ -34,6 +34,11 @@ def pack_int8(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return packed
 
 
+def unscaled_int8(state: dict[str, torch.Tensor]) -> list[str]:
+    """INT8 tensors of ``state`` whose scale is missing: a damaged file, which loaders report by name."""
+    return [name for name in state if name.endswith(INT8) and name[: -len(INT8)] + SCALE not in state]
+
+
 def stored_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The fp32 state dict a stored one (fp32, fp16 or ``pack_int8``'s) stands for."""
     weights = {}

@@ -17,6 +17,7 @@ from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing, load_images
 from edgecap.training.checkpoint import checkpoint_payload, load_model, save_atomic
 from edgecap.vocab import Vocab
+from edgecap.weight_storage import SCALE, pack_int8
 
 SAMPLES = Path(__file__).resolve().parents[2] / "edgecap" / "assets" / "samples"
 PREP = Preprocessing(image_size=64)  # a 2 x 2 grid: enough to compare features, quick on a CPU
@@ -79,16 +80,34 @@ def _garbage(tmp_path: Path) -> Path:
     return tmp_path / "garbage.pt"
 
 
+def _damaged_int8_checkpoint(tmp_path: Path) -> Path:
+    """A fine-tuned checkpoint stored with INT8 weights, one of whose scales went missing."""
+    path = _save_checkpoint(tmp_path / "int8.pt", _lite0(seed=1), EncoderConfig(finetune=True))
+    payload = torch.load(path, weights_only=True)
+    payload["encoder"] = pack_int8(payload["encoder"])
+    del payload["encoder"][next(k for k in payload["encoder"] if k.endswith(SCALE))]
+    torch.save(payload, path)
+    return path
+
+
 @pytest.mark.parametrize(("make", "name", "message"), [
     (lambda tmp: tmp / "missing.pt", "efficientnet_lite0", "no such encoder weights file"),
     (_garbage, "efficientnet_lite0", "not a readable weights file"),
     (_frozen_checkpoint, "efficientnet_lite0", "stores no encoder weights"),
     (lambda tmp: _save_weights(tmp, "state dict", _lite0(seed=1)), "efficientnet_lite2", "do not fit"),
+    (_damaged_int8_checkpoint, "efficientnet_lite0", "INT8 weights without their scales"),
 ])
 def test_a_bad_weights_file_is_a_one_line_error_naming_it(tmp_path, make, name, message):
     path = make(tmp_path)
     with pytest.raises(ModelError, match=message) as err:
         build_encoder(EncoderConfig(name=name, weights=str(path)))
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_damaged_int8_checkpoint_is_a_one_line_error_naming_it(tmp_path):
+    path = _damaged_int8_checkpoint(tmp_path)
+    with pytest.raises(ModelError, match="INT8 weights without their scales") as err:
+        load_model(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
 
 
