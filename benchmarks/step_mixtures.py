@@ -48,13 +48,17 @@ class StepMixture(nn.Module):
     def step(self, tokens, state, memory, position):
         mixed, next_state, first_attention = [], {}, None
         for i, decoder in enumerate(self.decoders):
-            own = {k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(f"{i}.")}
-            own_memory = {k.split(".", 1)[1]: v for k, v in memory.items() if k.startswith(f"{i}.")}
-            logprobs, own_next, attention = decoder.step(tokens, own, own_memory, position)
+            logprobs, own_next, attention = decoder.step(tokens, _member(state, i), _member(memory, i), position)
             mixed.append(logprobs + self.log_weights[i])
             next_state.update({f"{i}.{k}": v for k, v in own_next.items()})
             first_attention = attention if first_attention is None else first_attention
         return torch.logsumexp(torch.stack(mixed), dim=0), next_state, first_attention
+
+
+def _member(tensors: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
+    """Decoder i's own entries of a mixture's flat state or memory, under their own names."""
+    prefix = f"{i}."
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def same_encoder(a: LoadedModel, b: LoadedModel) -> bool:

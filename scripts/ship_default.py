@@ -13,14 +13,15 @@ from pathlib import Path
 import torch
 
 from edgecap.training.checkpoint import DEFAULT_MODEL, read_checkpoint, save_atomic
-from edgecap.weight_storage import pack_int8
+from edgecap.weight_storage import MIN_INT8_ELEMENTS, pack_int8
 
 ARCHITECTURE_NAMES = {"sat": "Show, Attend and Tell", "spca": "SPCA", "stackcap": "Stack-Captioning",
                       "glied": "GLIED", "a2": "the A² attention-aligned Transformer"}
 
 WEIGHT_FORMATS = {"fp16": "fp16",
-                  "int8": "decoder weight-only INT8 (matrices of 4,096+ values as int8 with one fp16 scale per row, "
-                          "the rest and the encoder fp16; the scores below are of these rounded weights)"}
+                  "int8": f"decoder weight-only INT8 (matrices of {MIN_INT8_ELEMENTS:,}+ values as int8 with one "
+                          "fp16 scale per row, the rest and the encoder fp16; the scores below are of these rounded "
+                          "weights)"}
 
 
 def encoder_origin(payload: dict) -> str:

@@ -1,5 +1,5 @@
-"""scripts/ship_default.py, which turns a run into the shipped default: fp16 or INT8 weights that load (as a model,
-as another run's encoder.weights and train.init), and a card that names the architecture and the command."""
+"""scripts/ship_default.py, which turns a run into the shipped default: fp16 or INT8 weights that load (as a model
+and as another run's encoder.weights), and a card that names the architecture and the command."""
 import subprocess
 import sys
 from pathlib import Path
