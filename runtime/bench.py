@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 from edgecap.runtime.backends.base import Backend
+from edgecap.runtime.backends.ort import FP32_PRESERVING
 from edgecap.runtime.search import SearchOptions, StepSession, beam_search
 
 Clock = Callable[[], float]  # seconds, monotonic
@@ -355,7 +356,7 @@ def ort_weight_bytes(path: Path, *, providers: Sequence[str] = ("CPUExecutionPro
         options.optimized_model_filepath = str(optimized)
         options.log_severity_level = 3  # no warning that the saved graph is tied to this CPU: it is only measured
         try:
-            ort.InferenceSession(str(path), options, providers=list(providers))
+            ort.InferenceSession(str(path), options, providers=list(providers), **FP32_PRESERVING)
             return onnx_weight_bytes(optimized)
         except Exception:  # e.g. a compiling provider that cannot save its graph
             return onnx_weight_bytes(path)

@@ -15,6 +15,10 @@ from edgecap import spec
 from edgecap.errors import ModelError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
+# Since 1.21, ONNX Runtime's WeightBiasQuantization pass quantises, per tensor and at load time, the float weights of
+# every Conv / Gemm that reads a DequantizeLinear output: the very layers an INT8 export keeps fp32 on purpose. On
+# the shipped Lite2 encoder, one depthwise convolution "kept fp32" that way tripled the features' INT8 error.
+FP32_PRESERVING = {"disabled_optimizers": ["WeightBiasQuantization"]}
 
 
 def _import_ort():
@@ -35,7 +39,7 @@ def cpu_session(path: Path, *, threads: int = 1):
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=[PROVIDERS["cpu"]])
+    return ort.InferenceSession(str(path), options, providers=[PROVIDERS["cpu"]], **FP32_PRESERVING)
 
 
 class OrtStepSession:
@@ -131,8 +135,8 @@ class OrtBackend:
             raise ModelError(f"this onnxruntime has no {device} provider (it has {ort.get_available_providers()}); "
                              "install onnxruntime-gpu on a machine with an NVIDIA GPU, or use --device cpu")
         try:
-            self.encoder = ort.InferenceSession(str(encoder_file), options, providers=providers)
-            self.step = ort.InferenceSession(str(step_file), options, providers=providers)
+            self.encoder = ort.InferenceSession(str(encoder_file), options, providers=providers, **FP32_PRESERVING)
+            self.step = ort.InferenceSession(str(step_file), options, providers=providers, **FP32_PRESERVING)
         except Exception as err:  # onnxruntime raises its own exception types for bad files
             raise ModelError(f"{directory}: ONNX Runtime cannot load the {precision} graphs "
                              f"({str(err).splitlines()[0][:160]}); re-run `edgecap export`") from None

@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+from edgecap.runtime.backends.ort import FP32_PRESERVING
 
 VERSION = "10.3.0"
 GPU = "Simulated GPU"
@@ -106,7 +107,7 @@ class _Engine:
         import onnxruntime as ort
 
         self.cudart, self.max_rows = cudart, plan["max_rows"]
-        self.session = ort.InferenceSession(plan["onnx"], providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(plan["onnx"], providers=["CPUExecutionProvider"], **FP32_PRESERVING)
         self.io = {t.name: t for t in [*self.session.get_inputs(), *self.session.get_outputs()]}
         self.inputs = [t.name for t in self.session.get_inputs()]
         self.num_io_tensors = len(self.io)
