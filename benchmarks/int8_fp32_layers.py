@@ -1,0 +1,86 @@
+"""Do the layers an INT8 encoder keeps fp32 run in fp32? Output error of Q/DQ encoders with layers kept fp32, run
+by a default ONNX Runtime session and by edgecap's sessions (its WeightBiasQuantization pass off).
+
+Each row quantises the export's fp32 encoder with the export's calibration ranges (``calib/encoder.npz``, method
+and scheme from its manifest), keeping the named layers fp32, and reports the relative L2 error of every encoder
+output against fp32 on held-out photos. Keeping a layer fp32 can only remove INT8 noise; where a row's error rises
+above the all-INT8 row's, the runtime quantised that layer anyway.
+
+Usage: python benchmarks/int8_fp32_layers.py EXPORT_DIR --data SPEC [--images 32] [--layers 3]
+"""
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from edgecap.calib.build import calibration_draw
+from edgecap.calib.feeds import CALIB_DIR, ENCODER_FEEDS, load_encoder_feeds
+from edgecap.calib.quantize import quantizable_layers, write_qdq
+from edgecap.calib.ranges import cache_path, compute_ranges
+from edgecap.runtime.backends.ort import cpu_session
+from edgecap.runtime.manifest import Manifest
+
+from edgecap import spec
+from edgecap.data import load_dataset
+from edgecap.preprocess import Preprocessing, load_images
+
+
+def default_session(path: Path):
+    """ONNX Runtime as a user gets it: every load-time graph pass on, one intra-op thread."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def weight_names(model: Path) -> dict[str, str]:
+    """Node name -> the name of its weight initializer, which says which layer of the model it is."""
+    import onnx
+
+    return {n.name: n.input[1] for n in onnx.load(str(model), load_external_data=False).graph.node if len(n.input) > 1}
+
+
+def relative_errors(session, pixels: np.ndarray, reference: list[np.ndarray]) -> list[float]:
+    outputs = session.run(None, {spec.PIXELS: pixels})
+    return [float(np.linalg.norm(o - r) / np.linalg.norm(r)) for o, r in zip(outputs, reference, strict=True)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("export", type=Path, help="an export with INT8 graphs (it holds the calibration feeds)")
+    parser.add_argument("--data", required=True, help="the dataset spec the export was calibrated on")
+    parser.add_argument("--images", type=int, default=32, help="held-out photos the outputs are compared on")
+    parser.add_argument("--layers", type=int, default=3, help="the first N weighted layers, each kept fp32 alone")
+    args = parser.parse_args()
+
+    manifest = Manifest.read(args.export)
+    q = manifest.quantization
+    source = manifest.graph_files(args.export, "fp32")[0]
+    feeds_file = args.export / CALIB_DIR / ENCODER_FEEDS
+    ranges = compute_ranges(source, load_encoder_feeds(feeds_file), method=q["method"],
+                            cache=cache_path(args.export / CALIB_DIR, "encoder", q["method"], [source, feeds_file]))
+    _, heldout = calibration_draw(load_dataset(args.data), q["calibration_images"], q["heldout_images"],
+                                  q.get("heldout_split", "train"))
+    pixels = load_images([r.path for r in heldout[:args.images]], Preprocessing.from_json(manifest.preprocessing))
+    reference = cpu_session(source).run(None, {spec.PIXELS: pixels})
+    names = [o.name for o in cpu_session(source).get_outputs()]
+
+    layers = quantizable_layers(source)[:args.layers]
+    weights = weight_names(source)
+    rows = {"none (every layer INT8)": [], **{f"`{weights[layer]}`": [layer] for layer in layers},
+            f"all {len(layers)} above": layers}
+    print(f"{args.export.name}: encoder, {q['scheme']} scheme, {q['method']} ranges, {len(pixels)} held-out "
+          f"photos; mean relative L2 error over {', '.join(names)}\n")
+    print("| kept fp32 | default ONNX Runtime session | edgecap session |\n|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "encoder.int8.onnx"
+        for label, exclude in rows.items():
+            write_qdq(source, target, ranges, exclude=exclude, scheme=q["scheme"])
+            default = np.mean(relative_errors(default_session(target), pixels, reference))
+            edgecap = np.mean(relative_errors(cpu_session(target), pixels, reference))
+            print(f"| {label} | {default:.3f} | {edgecap:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
