@@ -309,6 +309,9 @@ def export_model(
     int8_graphs: Annotated[str, typer.Option(help="INT8: graphs to quantise, comma-separated: encoder,step; one "
                                                   "left out runs fp16 (fp32 if not exported) in the int8 set")]
     = "encoder,step",
+    calib_bias_correction: Annotated[bool, typer.Option(
+        "--calib-bias-correction", help="INT8: take the mean INT8 error of each layer's outputs out of its bias "
+                                        "(slower export; less drift through deep encoders)")] = False,
     trt: Annotated[bool, typer.Option("--trt", help="Also build TensorRT engines of these precisions (NVIDIA GPU); "
                                                     "with an export directory as RUN: engines only, no torch")]
     = False,
@@ -354,7 +357,7 @@ def export_model(
         manifest = add_int8(out, manifest, calibration, method=calib_method.value, scheme=int8_scheme.value,
                             calibration_images=calib_images, heldout_images=calib_heldout,
                             heldout_split=calib_heldout_split.value,
-                            threshold=calib_max_delta, quantize=quantize)
+                            threshold=calib_max_delta, quantize=quantize, bias_correction=calib_bias_correction)
         for line in _int8_summary(manifest.quantization, out):
             typer.echo(line)
     typer.echo(f"exported {manifest.model_id} to {out} ({', '.join(manifest.graphs)})")
@@ -372,8 +375,10 @@ def _int8_summary(q: dict, directory: Path) -> list[str]:
         g = q[graph]
         graphs.append(f"{graph} {g['ort_cpu_speedup']:.2f}x ORT CPU, {len(g['kept_fp32'])} layers kept fp32"
                       if g["quantized"] else f"{graph} not quantised ({g['file']})")
-    lines = [f"int8 ({q['scheme']}, {q['method']}): ΔCIDEr {q['delta_cider']:+.2f} ± {q['delta_cider_se']:.2f} "
-             f"on {q['heldout_images']} held-out {q['heldout_split']} photos; {'; '.join(graphs)}"]
+    corrected = ", bias-corrected" if q.get("bias_correction") else ""  # manifests before the option lack it
+    lines = [f"int8 ({q['scheme']}, {q['method']}{corrected}): ΔCIDEr {q['delta_cider']:+.2f} "
+             f"± {q['delta_cider_se']:.2f} on {q['heldout_images']} held-out {q['heldout_split']} photos; "
+             f"{'; '.join(graphs)}"]
     half_width = 1.96 * q["delta_cider_se"]  # of the normal 95% interval: the manifest keeps the mean and its SE
     if not q["threshold_met"]:
         hints = ["more --calib-images"]
