@@ -387,9 +387,10 @@ def _int8_summary(q: dict, directory: Path) -> list[str]:
         if q["encoder"]["quantized"] and q["step"]["quantized"]:
             hints.append("--int8-graphs step (an INT8 step beside the fp16 encoder; "
                          "benchmarks/int8_by_graph.py shows which graph costs the captions)")
+        and_biases = " and biases corrected" if q.get("bias_correction") else ""
         lines.append(f"warning: int8 |ΔCIDEr| is above --calib-max-delta {q['threshold']} even with "
-                     f"{q['layers_tried']} layers kept fp32; expect `edgecap parity --precision int8` to fail. "
-                     f"Try {', or '.join(hints)}.")
+                     f"{q['layers_tried']} layers kept fp32{and_biases}; expect `edgecap parity --precision int8` "
+                     f"to fail. Try {', or '.join(hints)}.")
     elif half_width > q["threshold"]:
         lines.append(f"note: the 95% interval of that ΔCIDEr (± {half_width:.2f}) is wider than "
                      f"--calib-max-delta {q['threshold']}, so {q['heldout_images']} held-out photos cannot tell a "
