@@ -4,7 +4,8 @@ by a default ONNX Runtime session and by edgecap's sessions (its WeightBiasQuant
 Each row quantises the export's fp32 encoder with the export's calibration ranges (``calib/encoder.npz``, method
 and scheme from its manifest), keeping the named layers fp32, and reports the relative L2 error of every encoder
 output against fp32 on held-out photos. Keeping a layer fp32 can only remove INT8 noise; where a row's error rises
-above the all-INT8 row's, the runtime quantised that layer anyway.
+above the all-INT8 row's, the runtime quantised that layer anyway. The last row corrects the all-INT8 graph's
+biases as ``--calib-bias-correction`` does (minutes: one quantisation per layer).
 
 Usage: python benchmarks/int8_fp32_layers.py EXPORT_DIR --data SPEC [--images 32] [--layers 3]
 """
@@ -15,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from edgecap.calib.build import calibration_draw
+from edgecap.calib.bias_correction import correct_biases
+from edgecap.calib.build import CORRECTION_FEEDS, calibration_draw
 from edgecap.calib.feeds import CALIB_DIR, ENCODER_FEEDS, load_encoder_feeds
-from edgecap.calib.quantize import quantizable_layers, write_qdq
+from edgecap.calib.quantize import QdqGraph, quantizable_layers, write_qdq
 from edgecap.calib.ranges import cache_path, compute_ranges
 from edgecap.runtime.backends.ort import cpu_session
 from edgecap.runtime.manifest import Manifest
@@ -58,7 +60,8 @@ def main() -> None:
     q = manifest.quantization
     source = manifest.graph_files(args.export, "fp32")[0]
     feeds_file = args.export / CALIB_DIR / ENCODER_FEEDS
-    ranges = compute_ranges(source, load_encoder_feeds(feeds_file), method=q["method"],
+    feeds = load_encoder_feeds(feeds_file)
+    ranges = compute_ranges(source, feeds, method=q["method"],
                             cache=cache_path(args.export / CALIB_DIR, "encoder", q["method"], [source, feeds_file]))
     _, heldout = calibration_draw(load_dataset(args.data), q["calibration_images"], q["heldout_images"],
                                   q.get("heldout_split", "train"))
@@ -80,6 +83,12 @@ def main() -> None:
             default = np.mean(relative_errors(default_session(target), pixels, reference))
             edgecap = np.mean(relative_errors(cpu_session(target), pixels, reference))
             print(f"| {label} | {default:.3f} | {edgecap:.3f} |", flush=True)
+        graph = QdqGraph("encoder", source, target, ranges, scheme=q["scheme"])
+        sample = feeds[::max(1, len(feeds) // CORRECTION_FEEDS)][:CORRECTION_FEEDS]
+        correct_biases(graph, sample, Path(tmp) / "corrected.onnx").write()
+        default = np.mean(relative_errors(default_session(target), pixels, reference))
+        edgecap = np.mean(relative_errors(cpu_session(target), pixels, reference))
+        print(f"| none, biases corrected (`--calib-bias-correction`) | {default:.3f} | {edgecap:.3f} |")
 
 
 if __name__ == "__main__":
