@@ -24,27 +24,29 @@ from edgecap.calib.quantize import QdqGraph
 from edgecap.runtime.backends.ort import cpu_session
 from tqdm import tqdm
 
+CHANNEL_AXIS = 1  # of a Conv's (N, C, ...) and a Gemm's (N, M) output: the axis a bias adds along
 
-def biased_layers(model) -> list[tuple[str, str, int]]:
-    """(node name, bias initializer, output channel axis) of every Conv and Gemm with a constant bias, in order."""
+
+def biased_layers(model) -> list[tuple[str, str]]:
+    """(node name, bias initializer) of every Conv and Gemm with a constant bias vector, in graph order."""
     initializers = {t.name: t for t in model.graph.initializer}
     layers = []
     for node in model.graph.node:
         if node.op_type in ("Conv", "Gemm") and len(node.input) > 2 and node.input[2] in initializers:
             if len(initializers[node.input[2]].dims) == 1:  # a Gemm's C may broadcast as a matrix: not a bias
-                layers.append((node.name, node.input[2], 1))
+                layers.append((node.name, node.input[2]))
     return layers
 
 
-def _channel_means(path: Path, outputs: dict[str, tuple[str, int]],
+def _channel_means(path: Path, outputs: dict[str, str],
                    feeds: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """For each key of ``outputs`` (tensor, channel axis): that tensor's mean per channel over ``feeds``."""
+    """For each key of ``outputs`` (a tensor name): that tensor's mean per channel over ``feeds``."""
     import onnx
 
     model = onnx.load(str(path))
     exposed = {o.name for o in model.graph.output}
     model.graph.output.extend(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None)
-                              for tensor, _ in outputs.values() if tensor not in exposed)
+                              for tensor in outputs.values() if tensor not in exposed)
     with tempfile.TemporaryDirectory(prefix="edgecap-bias-") as tmp:
         onnx.save(model, str(Path(tmp) / "exposed.onnx"))
         session = cpu_session(Path(tmp) / "exposed.onnx")
@@ -53,8 +55,8 @@ def _channel_means(path: Path, outputs: dict[str, tuple[str, int]],
         rows = {key: 0 for key in outputs}
         for feed in feeds:
             values = dict(zip(names, session.run(None, feed), strict=True))
-            for key, (tensor, axis) in outputs.items():
-                value = np.moveaxis(values[tensor], axis, -1)
+            for key, tensor in outputs.items():
+                value = np.moveaxis(values[tensor], CHANNEL_AXIS, -1)
                 flat = value.reshape(-1, value.shape[-1]).astype(np.float64)
                 sums[key] = sums.get(key, 0.0) + flat.sum(axis=0)
                 rows[key] += len(flat)
@@ -73,18 +75,17 @@ def correct_biases(graph: QdqGraph, feeds: Sequence[dict[str, np.ndarray]], corr
     model = onnx.load(str(graph.source))
     layers = biased_layers(model)
     by_node = {node.name: node for node in model.graph.node}
-    reference = _channel_means(graph.source, {name: (by_node[name].output[0], axis) for name, _, axis in layers},
-                               feeds)
+    reference = _channel_means(graph.source, {name: by_node[name].output[0] for name, _ in layers}, feeds)
     biases = {t.name: t for t in model.graph.initializer}
     with tempfile.TemporaryDirectory(prefix="edgecap-bias-") as tmp:
         trial = replace(graph, source=Path(tmp) / "source.onnx", target=Path(tmp) / "qdq.onnx")
-        for name, bias, axis in tqdm(layers, desc=f"correcting {graph.name} biases", unit="layer",
+        for name, bias in tqdm(layers, desc=f"correcting {graph.name} biases", unit="layer",
                                      disable=not progress):
             onnx.save(model, str(trial.source))
             trial.write(exclude)
             # The quantizer may rename a layer's output (a folded Clip's name moves onto it), never the node.
             output = next(n.output[0] for n in onnx.load(str(trial.target)).graph.node if n.name == name)
-            drift = _channel_means(trial.target, {name: (output, axis)}, feeds)[name] - reference[name]
+            drift = _channel_means(trial.target, {name: output}, feeds)[name] - reference[name]
             values = numpy_helper.to_array(biases[bias])
             biases[bias].CopyFrom(numpy_helper.from_array((values - drift).astype(values.dtype), bias))
     onnx.save(model, str(corrected))
