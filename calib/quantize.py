@@ -49,7 +49,8 @@ def activation_matmuls(model: Path) -> list[str]:
     Post-training INT8 of these puts attention logits and weights through one per-tensor scale, which ranks
     keys wrongly wherever logits span a wide range; the layer search cannot repair it because it ranks weighted
     layers only. Measured on the Flickr8k GLIED: all-INT8 ΔCIDEr -14.9 on 300 held-out photos, and still -14.0
-    with the 12 most sensitive weighted layers kept fp32. So they stay fp32 (TensorRT runs them in fp16/fp32).
+    with the 12 most sensitive weighted layers kept fp32 (before f2f5778, when ONNX Runtime still quantised the
+    layers kept fp32, its attribute head among them). So they stay fp32 (TensorRT runs them in fp16/fp32).
     """
     import onnx
 
