@@ -43,9 +43,14 @@ def weight_names(model: Path) -> dict[str, str]:
     return {n.name: n.input[1] for n in onnx.load(str(model), load_external_data=False).graph.node if len(n.input) > 1}
 
 
-def relative_errors(session, pixels: np.ndarray, reference: list[np.ndarray]) -> list[float]:
-    outputs = session.run(None, {spec.PIXELS: pixels})
-    return [float(np.linalg.norm(o - r) / np.linalg.norm(r)) for o, r in zip(outputs, reference, strict=True)]
+def mean_errors(path: Path, pixels: np.ndarray, reference: list[np.ndarray]) -> tuple[float, float]:
+    """Mean relative L2 error of the outputs of the graph at ``path``: a default session's, then edgecap's."""
+    errors = []
+    for session in (default_session(path), cpu_session(path)):
+        outputs = session.run(None, {spec.PIXELS: pixels})
+        errors.append(float(np.mean([np.linalg.norm(o - r) / np.linalg.norm(r)
+                                     for o, r in zip(outputs, reference, strict=True)])))
+    return errors[0], errors[1]
 
 
 def main() -> None:
@@ -66,8 +71,9 @@ def main() -> None:
     _, heldout = calibration_draw(load_dataset(args.data), q["calibration_images"], q["heldout_images"],
                                   q.get("heldout_split", "train"))
     pixels = load_images([r.path for r in heldout[:args.images]], Preprocessing.from_json(manifest.preprocessing))
-    reference = cpu_session(source).run(None, {spec.PIXELS: pixels})
-    names = [o.name for o in cpu_session(source).get_outputs()]
+    fp32 = cpu_session(source)
+    reference = fp32.run(None, {spec.PIXELS: pixels})
+    names = [o.name for o in fp32.get_outputs()]
 
     layers = quantizable_layers(source)[:args.layers]
     weights = weight_names(source)
@@ -80,15 +86,12 @@ def main() -> None:
         target = Path(tmp) / "encoder.int8.onnx"
         for label, exclude in rows.items():
             write_qdq(source, target, ranges, exclude=exclude, scheme=q["scheme"])
-            default = np.mean(relative_errors(default_session(target), pixels, reference))
-            edgecap = np.mean(relative_errors(cpu_session(target), pixels, reference))
-            print(f"| {label} | {default:.3f} | {edgecap:.3f} |", flush=True)
+            print("| {} | {:.3f} | {:.3f} |".format(label, *mean_errors(target, pixels, reference)), flush=True)
         graph = QdqGraph("encoder", source, target, ranges, scheme=q["scheme"])
         sample = feeds[::max(1, len(feeds) // CORRECTION_FEEDS)][:CORRECTION_FEEDS]
         correct_biases(graph, sample, Path(tmp) / "corrected.onnx").write()
-        default = np.mean(relative_errors(default_session(target), pixels, reference))
-        edgecap = np.mean(relative_errors(cpu_session(target), pixels, reference))
-        print(f"| none, biases corrected (`--calib-bias-correction`) | {default:.3f} | {edgecap:.3f} |")
+        print("| none, biases corrected (`--calib-bias-correction`) | {:.3f} | {:.3f} |".format(
+            *mean_errors(target, pixels, reference)))
 
 
 if __name__ == "__main__":

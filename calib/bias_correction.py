@@ -38,12 +38,12 @@ def biased_layers(model) -> list[tuple[str, str]]:
     return layers
 
 
-def _channel_means(path: Path, outputs: dict[str, str],
+def _channel_means(model, outputs: dict[str, str],
                    feeds: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """For each key of ``outputs`` (a tensor name): that tensor's mean per channel over ``feeds``."""
+    """For each key of ``outputs`` (a tensor name): that tensor's mean per channel over ``feeds``, run by
+    ``model`` (an onnx ModelProto, which gains those tensors as outputs)."""
     import onnx
 
-    model = onnx.load(str(path))
     exposed = {o.name for o in model.graph.output}
     model.graph.output.extend(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None)
                               for tensor in outputs.values() if tensor not in exposed)
@@ -75,7 +75,8 @@ def correct_biases(graph: QdqGraph, feeds: Sequence[dict[str, np.ndarray]], corr
     model = onnx.load(str(graph.source))
     layers = biased_layers(model)
     by_node = {node.name: node for node in model.graph.node}
-    reference = _channel_means(graph.source, {name: by_node[name].output[0] for name, _ in layers}, feeds)
+    reference = _channel_means(onnx.load(str(graph.source)), {name: by_node[name].output[0] for name, _ in layers},
+                               feeds)
     biases = {t.name: t for t in model.graph.initializer}
     with tempfile.TemporaryDirectory(prefix="edgecap-bias-") as tmp:
         trial = replace(graph, source=Path(tmp) / "source.onnx", target=Path(tmp) / "qdq.onnx")
@@ -84,8 +85,9 @@ def correct_biases(graph: QdqGraph, feeds: Sequence[dict[str, np.ndarray]], corr
             onnx.save(model, str(trial.source))
             trial.write(exclude)
             # The quantizer may rename a layer's output (a folded Clip's name moves onto it), never the node.
-            output = next(n.output[0] for n in onnx.load(str(trial.target)).graph.node if n.name == name)
-            drift = _channel_means(trial.target, {name: output}, feeds)[name] - reference[name]
+            qdq = onnx.load(str(trial.target))
+            output = next(n.output[0] for n in qdq.graph.node if n.name == name)
+            drift = _channel_means(qdq, {name: output}, feeds)[name] - reference[name]
             values = numpy_helper.to_array(biases[bias])
             biases[bias].CopyFrom(numpy_helper.from_array((values - drift).astype(values.dtype), bias))
     onnx.save(model, str(corrected))

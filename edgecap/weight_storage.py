@@ -9,7 +9,11 @@ see exactly the weights that PyTorch runs.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+
+from edgecap.errors import ModelError
 
 INT8 = ".int8"
 SCALE = ".int8_scale"
@@ -34,9 +38,12 @@ def pack_int8(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return packed
 
 
-def unscaled_int8(state: dict[str, torch.Tensor]) -> list[str]:
-    """INT8 tensors of ``state`` whose scale is missing: a damaged file, which loaders report by name."""
-    return [name for name in state if name.endswith(INT8) and name[: -len(INT8)] + SCALE not in state]
+def require_int8_scales(state: dict[str, torch.Tensor], source: Path) -> None:
+    """A one-line ModelError naming ``source`` when an INT8 tensor of ``state`` lost its scale (a damaged file)."""
+    unscaled = [name for name in state if name.endswith(INT8) and name[: -len(INT8)] + SCALE not in state]
+    if unscaled:
+        raise ModelError(f"{source}: INT8 weights without their scales ({', '.join(unscaled[:3])}); the file is "
+                         "damaged, copy or ship it again")
 
 
 def stored_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

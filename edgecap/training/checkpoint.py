@@ -23,7 +23,7 @@ from edgecap.models.encoder import build_encoder
 from edgecap.preprocess import Preprocessing
 from edgecap.runtime.manifest import Manifest, file_sha256
 from edgecap.vocab import Vocab
-from edgecap.weight_storage import stored_weights, unscaled_int8
+from edgecap.weight_storage import require_int8_scales, stored_weights
 
 FORMAT = "edgecap-checkpoint/1"
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "assets" / "default" / "model.pt"
@@ -98,10 +98,8 @@ def read_checkpoint(path: Path) -> dict:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ModelError(f"{path}: checkpoint format '{found}', expected '{FORMAT}'; re-train or upgrade edgecap")
-    damaged = [name for part in ("decoder", "encoder") for name in unscaled_int8(payload.get(part) or {})]
-    if damaged:
-        raise ModelError(f"{path}: INT8 weights without their scales ({', '.join(damaged[:3])}); the file is "
-                         "damaged, copy or ship it again")
+    for part in ("decoder", "encoder"):
+        require_int8_scales(payload.get(part) or {}, path)
     return payload
 
 
