@@ -23,6 +23,7 @@ from torch import nn
 
 from edgecap.data import load_dataset
 from edgecap.data.features import cached_features
+from edgecap.data.views import MIRRORED
 from edgecap.evaluation import Evaluator
 from edgecap.torch_backend import captions_of, search_features
 from edgecap.training.checkpoint import DEFAULT_MODEL, LoadedModel, load_model
@@ -85,7 +86,7 @@ def main() -> None:
     encoder = dataclasses.replace(shipped.encoder_config, weights=str(DEFAULT_MODEL))
     records = load_dataset(args.data).split("dev")
     plain = cached_features(records, encoder, shipped.prep, label="dev features")
-    second = cached_features(records, encoder, shipped.prep, label="dev mirrored", mirrored=True) if args.mirror \
+    second = cached_features(records, encoder, shipped.prep, label="dev mirrored", view=MIRRORED) if args.mirror \
         else plain
     views = np.concatenate([np.asarray(plain), np.asarray(second)], axis=-1)
     references = {r.image_id: list(r.captions) for r in records}

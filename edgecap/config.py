@@ -69,6 +69,8 @@ class TrainConfig:
     scst_batch_images: int = 32  # images per self-critical step
     scst_mirror_share: float = 0.0  # share of self-critical images sampled on their photo flipped left-right and
     # scored against their references with "left" and "right" swapped (a second view against overfitting)
+    scst_zoom_share: float = 0.0  # share of the unflipped self-critical images sampled on a crop of one of their
+    # corners (80% of the side, scaled back up; four more caches for a frozen encoder), scored as the photo itself
     eval_beam: int = 3  # beam size for dev selection
     eval_images: int = 0  # dev images used for selection (0: all)
     init: str = ""  # start from this edgecap checkpoint (a .pt or run directory): its vocabulary and decoder, and its
@@ -88,7 +90,7 @@ class TrainConfig:
             raise EdgecapError(f"train.hard_baseline must be 'moving' or 'caption', got '{self.hard_baseline}'")
         if not 0.0 <= self.hard_expected_share <= 1.0:
             raise EdgecapError(f"train.hard_expected_share must be in [0, 1], got {self.hard_expected_share}")
-        for name in ("mirror_share", "scst_mirror_share"):
+        for name in ("mirror_share", "scst_mirror_share", "scst_zoom_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise EdgecapError(f"train.{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0.0 <= self.ema_decay < 1.0:

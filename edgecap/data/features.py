@@ -1,7 +1,7 @@
 """One-time on-disk cache of frozen-encoder grid features (fp16), so decoder epochs are fast on a CPU.
 
-A cache file is keyed by the image list, the encoder (and its weights file's content), the preprocessing and whether
-the photos were mirrored, so a change of any of them makes a new file instead of
+A cache file is keyed by the image list, the encoder (and its weights file's content), the preprocessing and the
+view of the photos (``edgecap.data.views``: flipped, zoomed), so a change of any of them makes a new file instead of
 reusing stale features. It is filled in chunks with its progress recorded beside
 it: a killed run resumes where it stopped and only a finished file gets the final name.
 """
@@ -22,6 +22,7 @@ from tqdm import tqdm
 from edgecap.cache import cache_root
 from edgecap.config import EncoderConfig
 from edgecap.data.records import ImageRecord
+from edgecap.data.views import View
 from edgecap.models.encoder import build_encoder, encoder_weights_file, grid_features
 from edgecap.preprocess import Preprocessing, load_images
 from edgecap.runtime.manifest import file_sha256
@@ -31,11 +32,10 @@ FEATURE_FIELDS = ("name", "image_size", "weights", "finetune", "channels")
 added later that does not change the features (a training option) must not rename every cache."""
 
 
-def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Preprocessing, mirrored: bool) -> str:
+def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Preprocessing, view: View | None) -> str:
     digest = hashlib.sha256()
-    described = {"encoder": {name: getattr(encoder, name) for name in FEATURE_FIELDS}, "prep": asdict(prep)}
-    if mirrored:  # only then, so the caches written before mirroring existed keep their names
-        described["mirrored"] = True
+    described = {"encoder": {name: getattr(encoder, name) for name in FEATURE_FIELDS}, "prep": asdict(prep),
+                 **(view.describe() if view else {})}
     if encoder.weights:  # the file's content, not its name, decides what the features are
         described["weights_sha256"] = file_sha256(encoder_weights_file(encoder))
     digest.update(json.dumps(described, sort_keys=True).encode())
@@ -47,16 +47,16 @@ def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Pre
 @torch.no_grad()
 def cached_features(records: Sequence[ImageRecord], encoder_config: EncoderConfig, prep: Preprocessing, *,
                     directory: Path | None = None, batch_size: int = 32, label: str = "features",
-                    mirrored: bool = False) -> np.ndarray:
+                    view: View | None = None) -> np.ndarray:
     """Grid features (len(records), L, C) as a read-only fp16 memmap, computing what is missing.
 
-    ``mirrored`` encodes every photo flipped left-right: a second view of the training photos
-    that a frozen encoder cannot produce from the first.
+    ``view`` encodes every photo flipped or zoomed: another view of the training photos that a frozen encoder
+    cannot produce from the first.
     """
     directory = directory or cache_root() / "features"
     directory.mkdir(parents=True, exist_ok=True)
-    key = _cache_key(records, encoder_config, prep, mirrored)
-    final = directory / f"{encoder_config.name}-{prep.image_size}{'-mirrored' if mirrored else ''}-{key}.npy"
+    key = _cache_key(records, encoder_config, prep, view)
+    final = directory / f"{encoder_config.name}-{prep.image_size}{f'-{view.name}' if view else ''}-{key}.npy"
     if final.exists():
         return np.load(final, mmap_mode="r")
     partial, progress = final.with_suffix(".partial.npy"), final.with_suffix(".progress")
@@ -71,8 +71,8 @@ def cached_features(records: Sequence[ImageRecord], encoder_config: EncoderConfi
         for start in range(done, len(records), batch_size):
             chunk = records[start:start + batch_size]
             pixels = torch.from_numpy(load_images([r.path for r in chunk], prep))
-            if mirrored:
-                pixels = pixels.flip(-1)
+            if view:
+                pixels = view.apply(pixels)
             out[start:start + len(chunk)] = grid_features(encoder, pixels).numpy().astype(np.float16)
             out.flush()
             progress.write_text(str(start + len(chunk)))

@@ -12,6 +12,7 @@ import torch
 from edgecap.config import EncoderConfig
 from edgecap.data.features import cached_features
 from edgecap.data.records import ImageRecord
+from edgecap.data.views import View
 from edgecap.models.captioner import Captioner
 from edgecap.preprocess import Preprocessing, load_images
 from edgecap.vocab import BOS, EOS, PAD, Vocab, tokenize
@@ -79,44 +80,45 @@ def mirrored_id(image_id: str) -> str:
 class ImageFeatures:
     """Grid features of a split: from the fp16 disk cache when the encoder is frozen, else computed per batch.
 
-    With ``mirror``, ``get`` can also return the features of the photos flipped left-right
-    (a second cache for a frozen encoder, flipped pixels for a trained one).
+    ``views`` (``edgecap.data.views``) are the other views ``get`` can return: one more cache each for a frozen
+    encoder, transformed pixels for a trained one.
     """
 
     def __init__(self, records: Sequence[ImageRecord], captioner: Captioner, encoder_config: EncoderConfig,
-                 prep: Preprocessing, *, cache_dir: Path | None, label: str, mirror: bool = False):
+                 prep: Preprocessing, *, cache_dir: Path | None, label: str, views: Sequence[View] = ()):
         self.records = records
         self.captioner = captioner
         self.prep = prep
-        self.cached = self.cached_mirrored = None
+        self.views = tuple(views)
+        self.cached: dict[View | None, np.ndarray] = {}
         if not encoder_config.finetune:
-            self.cached = cached_features(records, encoder_config, prep, directory=cache_dir, label=label)
-            if mirror:
-                self.cached_mirrored = cached_features(records, encoder_config, prep, directory=cache_dir,
-                                                       label=f"{label} (mirrored)", mirrored=True)
+            self.cached = {view: cached_features(records, encoder_config, prep, directory=cache_dir,
+                                                 label=f"{label} ({view.name})" if view else label, view=view)
+                           for view in (None, *self.views)}
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def get(self, indices: np.ndarray, mirrored: np.ndarray | None = None) -> torch.Tensor:
+    def get(self, indices: np.ndarray, views: Sequence[View | None] | None = None) -> torch.Tensor:
         """(len(indices), L, C) float32 on the captioner's device; differentiable through a fine-tuned encoder.
 
-        ``mirrored`` (bool, one per index) picks the flipped photo for those rows.
+        ``views`` (one per index, None for the photo itself) picks the view of each row.
         """
         device = next(self.captioner.parameters()).device
-        if self.cached is not None:
-            if mirrored is None or not mirrored.any():
-                return torch.from_numpy(_gather(self.cached, indices).astype(np.float32)).to(device)
-            if self.cached_mirrored is None:
-                raise ValueError("mirrored features were asked for, but this split was built without mirror=True")
-            rows = np.empty((len(indices), *self.cached.shape[1:]), np.float32)  # each row read from one cache only
-            rows[~mirrored] = _gather(self.cached, indices[~mirrored])
-            rows[mirrored] = _gather(self.cached_mirrored, indices[mirrored])
+        views = list(views) if views is not None else [None] * len(indices)
+        missing = {view.name for view in views if view is not None and view not in self.views}
+        if missing:
+            raise ValueError(f"views {sorted(missing)} were asked for, but this split was built without them")
+        groups = {view: np.array([v == view for v in views]) for view in set(views)}
+        if self.cached:
+            rows = np.empty((len(indices), *self.cached[None].shape[1:]), np.float32)  # each row read once
+            for view, chosen in groups.items():
+                rows[chosen] = _gather(self.cached[view], indices[chosen])
             return torch.from_numpy(rows).to(device)
         pixels = torch.from_numpy(load_images([self.records[i].path for i in indices], self.prep))
-        if mirrored is not None and mirrored.any():
-            flip = torch.from_numpy(mirrored)
-            pixels[flip] = pixels[flip].flip(-1)
+        for view, chosen in groups.items():
+            if view is not None:
+                pixels[torch.from_numpy(chosen)] = view.apply(pixels[torch.from_numpy(chosen)])
         return self.captioner.encode(pixels.to(device))
 
 

@@ -22,7 +22,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from edgecap.config import TrainConfig
 from edgecap.data import CaptionDataset, load_dataset
+from edgecap.data.views import MIRRORED, ZOOMED, View
 from edgecap.errors import ModelError
 from edgecap.models import build_model
 from edgecap.models.captioner import Captioner
@@ -93,7 +95,7 @@ class Trainer:
         self.pairs = caption_pairs(self.train_records, self.vocab, max_length=self.cfg.max_caption_length)
         self.train_features = ImageFeatures(self.train_records, self.captioner, spec.encoder, self.prep,
                                             cache_dir=cache_dir, label="train features",
-                                            mirror=self.cfg.mirror_share > 0 or self.cfg.scst_mirror_share > 0)
+                                            views=training_views(self.cfg))
         self.mirrored_tokens = mirrored_token_table(self.vocab)
         self.dev_features = ImageFeatures(self.dev_records, self.captioner, spec.encoder, self.prep,
                                           cache_dir=cache_dir, label="dev features")
@@ -248,6 +250,7 @@ class Trainer:
         hard = getattr(self.captioner.decoder.config, "attention", "soft") == "hard"
         order = np.random.default_rng(cfg.seed + epoch).permutation(len(self.pairs.tokens))
         mirror = np.random.default_rng(cfg.seed + 2000 + epoch).random(len(order)) < cfg.mirror_share  # per pair
+        views = [MIRRORED if flipped else None for flipped in mirror]
         batches = range(0, len(order), cfg.batch_size)
         total_steps = cfg.epochs * len(batches)
         self._train_mode()
@@ -264,7 +267,7 @@ class Trainer:
             tokens = torch.from_numpy(self.pairs.batch(rows, mirror[rows], self.mirrored_tokens))
             length = int((tokens != PAD).sum(1).max())
             tokens = tokens[:, :length].to(self.dist.device)
-            features = self.train_features.get(self.pairs.image_index[rows], mirror[rows])
+            features = self.train_features.get(self.pairs.image_index[rows], [views[r] for r in rows])
             if hard:
                 expected = torch.rand(len(rows), device=self.dist.device) < cfg.hard_expected_share
                 out = self.captioner.decoder(features, tokens[:, :-1], hard=True, expected=expected)
@@ -317,7 +320,7 @@ class Trainer:
         if self.train_cider is None:
             self.train_cider = CiderD(tokenised_references(self.train_records, mirrored=cfg.scst_mirror_share > 0))
         order = np.random.default_rng(cfg.seed + 1000 + epoch).permutation(len(self.train_records))
-        mirror = np.random.default_rng(cfg.seed + 3000 + epoch).random(len(order)) < cfg.scst_mirror_share  # per image
+        views = scst_views(cfg, epoch, len(order))  # per image
         self._train_mode()
         rewards = []
         bar = tqdm(range(0, len(order), cfg.scst_batch_images), desc=f"scst epoch {epoch + 1}/{cfg.scst_epochs}",
@@ -327,9 +330,9 @@ class Trainer:
             if len(batch) < self.dist.world_size:  # a last global batch too small to give every rank an image
                 break
             rows = distributed.shard(batch, self.dist)  # each rank samples captions for its own images
-            features = self.train_features.get(rows, mirror[rows])
-            ids = [mirrored_id(self.train_records[i].image_id) if flipped else self.train_records[i].image_id
-                   for i, flipped in zip(rows, mirror[rows], strict=True)]
+            features = self.train_features.get(rows, [views[r] for r in rows])
+            image_ids = [self.train_records[r].image_id for r in rows]  # a flipped view has its own references
+            ids = [mirrored_id(i) if views[r] is MIRRORED else i for r, i in zip(rows, image_ids, strict=True)]
             decoder = self.captioner.decoder
             if hasattr(decoder, "stage_step"):  # coarse-to-fine models: C2F RL (eq. 15)
                 loss, reward = c2f_loss(decoder, features, ids, cider=self.train_cider, vocab=self.vocab,
@@ -397,6 +400,21 @@ class Trainer:
             self._end_epoch("scst", epoch, self._scst_epoch(epoch), started)
         self.save_last({"best_dev_cider": self.state["best_cider"]})
         return {"best_dev_cider": self.state["best_cider"], "steps": self.state["step"]}
+
+
+def training_views(cfg: TrainConfig) -> tuple[View, ...]:
+    """The views of the training photos a run's shares ask for, besides the photos themselves."""
+    mirrored = (MIRRORED,) if cfg.mirror_share > 0 or cfg.scst_mirror_share > 0 else ()
+    return mirrored + (ZOOMED if cfg.scst_zoom_share > 0 else ())
+
+
+def scst_views(cfg: TrainConfig, epoch: int, n: int) -> list[View | None]:
+    """Each training photo's view in a self-critical epoch: flipped at ``scst_mirror_share``, else zoomed into one
+    of four corners at ``scst_zoom_share``, else itself (None). The flips are drawn as before zooms existed."""
+    flipped = np.random.default_rng(cfg.seed + 3000 + epoch).random(n) < cfg.scst_mirror_share
+    draw = np.random.default_rng(cfg.seed + 4000 + epoch)
+    zoomed, corner = draw.random(n) < cfg.scst_zoom_share, draw.integers(len(ZOOMED), size=n)
+    return [MIRRORED if f else ZOOMED[c] if z else None for f, z, c in zip(flipped, zoomed, corner, strict=True)]
 
 
 def record_dev_score(state: dict, dev_cider: float) -> bool:

@@ -46,9 +46,10 @@ def _changed_keys(before: Preset, after: Preset, model_defaults: dict[str, objec
     return changed + [f"model.{name}" for name, value in model_after.items() if model_before[name] != value]
 
 
-RESUMABLE_FIELDS = ("epochs", "scst_epochs", "patience", "scst_lr", "scst_mirror_share", "max_steps")
+RESUMABLE_FIELDS = ("epochs", "scst_epochs", "patience", "scst_lr", "scst_mirror_share", "scst_zoom_share",
+                    "max_steps")
 """The train fields a resumed run may change: how long each phase goes on, and the self-critical phase's rate and
-mirrored share. Every other field already shaped the checkpoints the run has written."""
+the shares of its views. Every other field already shaped the checkpoints the run has written."""
 
 
 def run_spec(*, run_dir: Path, spec: RunSpec | None, resume: bool, changes: Sequence[str] = ()) -> RunSpec:
