@@ -118,7 +118,8 @@ class ImageFeatures:
         pixels = torch.from_numpy(load_images([self.records[i].path for i in indices], self.prep))
         for view, chosen in groups.items():
             if view is not None:
-                pixels[torch.from_numpy(chosen)] = view.apply(pixels[torch.from_numpy(chosen)])
+                rows = torch.from_numpy(chosen)
+                pixels[rows] = view.apply(pixels[rows])
         return self.captioner.encode(pixels.to(device))
 
 
