@@ -3,7 +3,8 @@
 A cache file is keyed by the image list, the encoder (and its weights file's content), the preprocessing and the
 view of the photos (``edgecap.data.views``: flipped, zoomed), so a change of any of them makes a new file instead of
 reusing stale features. It is filled in chunks with its progress recorded beside
-it: a killed run resumes where it stopped and only a finished file gets the final name.
+it: a killed run resumes where it stopped and only a finished file gets the final name. Runs started side by side
+on the same photos take turns on a lock file, so the second reads what the first wrote instead of both writing it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -44,6 +47,26 @@ def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Pre
     return digest.hexdigest()[:16]
 
 
+@contextmanager
+def _held(lock: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``lock``; the OS releases it when its holder exits or is killed."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks, so concurrent caching of the same photos is unguarded
+        yield
+        return
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            tqdm.write(f"waiting for another process that is caching {lock.with_suffix('.npy')}", file=sys.stderr)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @torch.no_grad()
 def cached_features(records: Sequence[ImageRecord], encoder_config: EncoderConfig, prep: Preprocessing, *,
                     directory: Path | None = None, batch_size: int = 32, label: str = "features",
@@ -57,8 +80,17 @@ def cached_features(records: Sequence[ImageRecord], encoder_config: EncoderConfi
     directory.mkdir(parents=True, exist_ok=True)
     key = _cache_key(records, encoder_config, prep, view)
     final = directory / f"{encoder_config.name}-{prep.image_size}{f'-{view.name}' if view else ''}-{key}.npy"
-    if final.exists():
-        return np.load(final, mmap_mode="r")
+    if not final.exists():
+        lock = final.with_suffix(".lock")
+        with _held(lock):
+            if not final.exists():  # another run may have finished it while this one waited
+                _fill(final, records, encoder_config, prep, batch_size, label, view)
+                lock.unlink(missing_ok=True)  # runs still waiting on it find the finished file when they wake
+    return np.load(final, mmap_mode="r")
+
+
+def _fill(final: Path, records: Sequence[ImageRecord], encoder_config: EncoderConfig, prep: Preprocessing,
+          batch_size: int, label: str, view: View | None) -> None:
     partial, progress = final.with_suffix(".partial.npy"), final.with_suffix(".progress")
     encoder = build_encoder(encoder_config).eval()
     done = int(progress.read_text()) if progress.exists() and partial.exists() else 0
@@ -80,4 +112,3 @@ def cached_features(records: Sequence[ImageRecord], encoder_config: EncoderConfi
     del out
     os.replace(partial, final)
     progress.unlink()
-    return np.load(final, mmap_mode="r")
