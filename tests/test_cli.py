@@ -9,6 +9,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from edgecap.cli import app
+from edgecap.data.shapes import generate_shapes
 from tests.needs import needs_scoring
 from tests.without_torch import run_without
 
@@ -86,9 +87,11 @@ def test_a_killed_run_resumes_from_its_last_epoch(tmp_path):
     import sys
     import time
 
+    json_path = generate_shapes(tmp_path / "shapes", n_train=400, n_dev=20, n_test=0)  # a fifth of shapes' epoch
     out = tmp_path / "killed"
-    args = ["train", "--data", "shapes", "--preset", "tiny", "--out", str(out), "--set", "train.epochs=2",
-            "--set", "train.batch_size=128", "--set", "train.eval_images=20", "--set", "train.patience=5"]
+    args = ["train", "--data", f"karpathy:{json_path}", "--preset", "tiny", "--out", str(out),
+            "--set", "train.epochs=2", "--set", "train.batch_size=128", "--set", "train.eval_images=20",
+            "--set", "train.patience=5"]
     process = subprocess.Popen([sys.executable, "-m", "edgecap", *args], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
