@@ -7,7 +7,7 @@ Usage: python benchmarks/int8_by_graph.py EXPORT_DIR --data flickr8k:DIR [--imag
 import argparse
 from pathlib import Path
 
-from edgecap.calib.build import calibration_draw
+from edgecap.calib.build import heldout_records
 from edgecap.calib.sensitivity import CaptionScorer, compare
 from edgecap.runtime.manifest import Manifest
 
@@ -22,9 +22,7 @@ def main() -> None:
     args = parser.parse_args()
 
     manifest = Manifest.read(args.export)
-    q = manifest.quantization
-    _, heldout = calibration_draw(load_dataset(args.data), q["calibration_images"], q["heldout_images"],
-                                  q.get("heldout_split", "train"))  # exports before the option drew from train
+    heldout = heldout_records(manifest, load_dataset(args.data))
     scorer = CaptionScorer(args.export, manifest, heldout[:args.images])
     fp32, int8 = manifest.graph_files(args.export, "fp32"), manifest.graph_files(args.export, "int8")
     baseline = scorer.scores(*fp32)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from edgecap.calib.bias_correction import correct_biases
-from edgecap.calib.build import CORRECTION_FEEDS, calibration_draw
+from edgecap.calib.build import CORRECTION_FEEDS, heldout_records
 from edgecap.calib.feeds import CALIB_DIR, ENCODER_FEEDS, load_encoder_feeds
 from edgecap.calib.quantize import QdqGraph, quantizable_layers, write_qdq
 from edgecap.calib.ranges import cache_path, compute_ranges
@@ -43,13 +43,14 @@ def weight_names(model: Path) -> dict[str, str]:
     return {n.name: n.input[1] for n in onnx.load(str(model), load_external_data=False).graph.node if len(n.input) > 1}
 
 
-def mean_errors(path: Path, pixels: np.ndarray, reference: list[np.ndarray]) -> tuple[float, float]:
-    """Mean relative L2 error of the outputs of the graph at ``path``: a default session's, then edgecap's."""
+def mean_errors(path: Path, pixels: np.ndarray, reference: dict[str, np.ndarray]) -> tuple[float, float]:
+    """Mean relative L2 error of the graph at ``path``'s outputs named in ``reference``: a default session's, then
+    edgecap's."""
     errors = []
     for session in (default_session(path), cpu_session(path)):
-        outputs = session.run(None, {spec.PIXELS: pixels})
+        outputs = session.run(list(reference), {spec.PIXELS: pixels})
         errors.append(float(np.mean([np.linalg.norm(o - r) / np.linalg.norm(r)
-                                     for o, r in zip(outputs, reference, strict=True)])))
+                                     for o, r in zip(outputs, reference.values(), strict=True)])))
     return errors[0], errors[1]
 
 
@@ -68,19 +69,21 @@ def main() -> None:
     feeds = load_encoder_feeds(feeds_file)
     ranges = compute_ranges(source, feeds, method=q["method"],
                             cache=cache_path(args.export / CALIB_DIR, "encoder", q["method"], [source, feeds_file]))
-    _, heldout = calibration_draw(load_dataset(args.data), q["calibration_images"], q["heldout_images"],
-                                  q.get("heldout_split", "train"))
+    heldout = heldout_records(manifest, load_dataset(args.data))
     pixels = load_images([r.path for r in heldout[:args.images]], Preprocessing.from_json(manifest.preprocessing))
     fp32 = cpu_session(source)
-    reference = fp32.run(None, {spec.PIXELS: pixels})
     names = [o.name for o in fp32.get_outputs()]
+    # Float outputs with something in them: integer ones (GLIED's attribute ids) and a Transformer's empty
+    # initial KV cache have no relative error.
+    reference = {n: r for n, r in zip(names, fp32.run(None, {spec.PIXELS: pixels}), strict=True)
+                 if np.issubdtype(r.dtype, np.floating) and np.any(r)}
 
     layers = quantizable_layers(source)[:args.layers]
     weights = weight_names(source)
     rows = {"none (every layer INT8)": [], **{f"`{weights[layer]}`": [layer] for layer in layers},
             f"all {len(layers)} above": layers}
     print(f"{args.export.name}: encoder, {q['scheme']} scheme, {q['method']} ranges, {len(pixels)} held-out "
-          f"photos; mean relative L2 error over {', '.join(names)}\n")
+          f"photos; mean relative L2 error over {', '.join(reference)}\n")
     print("| kept fp32 | default ONNX Runtime session | edgecap session |\n|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         target = Path(tmp) / "encoder.int8.onnx"

@@ -86,6 +86,18 @@ def _top1_agreement(directory, images) -> float:
     return float(np.concatenate(agree).mean())
 
 
+def test_an_exports_held_out_photos_are_drawn_again_from_its_manifest(int8_export):
+    from edgecap.calib.build import heldout_records
+    from edgecap.runtime.manifest import Manifest
+
+    from edgecap.data import load_dataset
+
+    manifest = Manifest.read(int8_export)
+    heldout = heldout_records(manifest, load_dataset("shapes"))
+    assert sorted(r.image_id for r in heldout) == manifest.quantization["heldout_image_ids"]
+    assert {r.image_id for r in heldout} <= {r.image_id for r in load_dataset("shapes").split("dev")}
+
+
 @pytest.mark.slow
 def test_int8_export_captions_like_fp32(int8_export):
     from edgecap.data import load_dataset
