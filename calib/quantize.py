@@ -46,11 +46,11 @@ def _constants(graph) -> set[str]:
 def activation_matmuls(model: Path) -> list[str]:
     """MatMul nodes with no constant input: attention's q·Kᵀ and α·V, and products with a tied, transposed table.
 
-    Post-training INT8 of these puts attention logits and weights through one per-tensor scale, which ranks
-    keys wrongly wherever logits span a wide range; the layer search cannot repair it because it ranks weighted
-    layers only. Measured on the Flickr8k GLIED: all-INT8 ΔCIDEr -14.9 on 300 held-out photos, and still -14.0
-    with the 12 most sensitive weighted layers kept fp32 (before f2f5778, when ONNX Runtime still quantised the
-    layers kept fp32, its attribute head among them). So they stay fp32 (TensorRT runs them in fp16/fp32).
+    Post-training INT8 of these puts attention logits and weights through one per-tensor scale, which can rank
+    keys wrongly wherever logits span a wide range, and the layer search cannot repair it because it ranks
+    weighted layers only. So they stay fp32 (TensorRT runs them in fp16/fp32). The Flickr8k measurement that
+    argued for it (GLIED -14.9) predated f2f5778; on the current build, quantising them too moves neither GLIED
+    nor A² beyond noise (docs/RESULTS.md; ``benchmarks/int8_rules.py``).
     """
     import onnx
 
