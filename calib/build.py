@@ -117,12 +117,12 @@ def calibration_draw(dataset: CaptionDataset, calibration: int, heldout: int, he
             [others[i] for i in rng.permutation(len(others))[:heldout]])
 
 
-
 def heldout_records(manifest: Manifest, dataset: CaptionDataset) -> list[ImageRecord]:
     """The held-out photos an export's INT8 calibration scored, drawn again as ``add_int8`` drew them."""
     q = manifest.quantization
     return calibration_draw(dataset, q["calibration_images"], q["heldout_images"],
                             q.get("heldout_split", "train"))[1]  # exports before the option drew from train
+
 
 def add_int8(directory: Path, manifest: Manifest, dataset: CaptionDataset, *, method: str = "max",
              threshold: float = 1.0, calibration_images: int = 200, heldout_images: int = 300,
