@@ -20,9 +20,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
+
 from edgecap.calib.quantize import QdqGraph
 from edgecap.runtime.backends.ort import cpu_session
-from tqdm import tqdm
 
 CHANNEL_AXIS = 1  # of a Conv's (N, C, ...) and a Gemm's (N, M) output: the axis a bias adds along
 

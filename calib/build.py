@@ -29,17 +29,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+
 from edgecap.calib.bias_correction import correct_biases
 from edgecap.calib.feeds import CALIB_DIR, load_encoder_feeds, load_step_feeds, record_feeds
 from edgecap.calib.quantize import SCHEMES, QdqGraph, always_fp32_rules
 from edgecap.calib.ranges import METHODS, cache_path, compute_ranges
 from edgecap.calib.sensitivity import CaptionScorer, compare, keep_sensitive_layers
+from edgecap.data.records import CaptionDataset, ImageRecord
+from edgecap.errors import DataError
 from edgecap.runtime.backends.ort import cpu_session
 from edgecap.runtime.engines import GRAPHS
 from edgecap.runtime.manifest import Manifest
-
-from edgecap.data.records import CaptionDataset, ImageRecord
-from edgecap.errors import DataError
 
 # The step quantises only its weighted layers: Gather, TopK, Softmax and the elementwise cell would otherwise put
 # the beam's state, the attention output and the log-probs ranked by TopK through int8.
@@ -115,13 +115,6 @@ def calibration_draw(dataset: CaptionDataset, calibration: int, heldout: int, he
     rng = np.random.default_rng(seed)
     return ([train[i] for i in rng.permutation(len(train))[:calibration]],
             [others[i] for i in rng.permutation(len(others))[:heldout]])
-
-
-def heldout_records(manifest: Manifest, dataset: CaptionDataset) -> list[ImageRecord]:
-    """The held-out photos an export's INT8 calibration scored, drawn again as ``add_int8`` drew them."""
-    q = manifest.quantization
-    return calibration_draw(dataset, q["calibration_images"], q["heldout_images"],
-                            q.get("heldout_split", "train"))[1]  # exports before the option drew from train
 
 
 def add_int8(directory: Path, manifest: Manifest, dataset: CaptionDataset, *, method: str = "max",

@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from edgecap.runtime.backends.ort import OrtBackend, OrtStepSession
-from edgecap.runtime.manifest import Manifest
-from edgecap.runtime.search import SearchOptions, bad_ending_ids, beam_search
 from tqdm import tqdm
 
 from edgecap import spec
 from edgecap.data.records import ImageRecord
 from edgecap.preprocess import Preprocessing, load_images
+from edgecap.runtime.backends.ort import OrtBackend, OrtStepSession
+from edgecap.runtime.manifest import Manifest
+from edgecap.runtime.search import SearchOptions, bad_ending_ids, beam_search
 from edgecap.vocab import PAD, Vocab
 
 CALIB_DIR = "calib"  # beside the graphs in the export directory (DESIGN.md §4)

@@ -1,6 +1,6 @@
 """Keep the layers whose INT8 costs captions in fp32, until |ΔCIDEr| on held-out photos is within a threshold.
 
-What matters is the caption, so the verdict is CIDEr-D (``edgecap.training.cider``, Java-free, 0-100 scale) of
+What matters is the caption, so the verdict is CIDEr-D (``edgecap.cider``, Java-free, 0-100 scale) of
 captions decoded exactly as ``edgecap.runtime.pipeline`` decodes them, against the held-out photos' human
 references, with the fp32 graphs as the baseline. The all-INT8 pair is measured first; only when it fails are
 layers ranked, and ranking every layer by ΔCIDEr would cost a decode of the held-out set per layer and drown in
@@ -17,16 +17,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
+
 from edgecap.calib.quantize import QdqGraph
+from edgecap.cider import CiderD
+from edgecap.data.records import ImageRecord
+from edgecap.preprocess import Preprocessing, load_images
 from edgecap.runtime.backends.ort import OrtBackend, cpu_session
 from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.pipeline import Captioner
 from edgecap.runtime.search import SearchOptions
-from tqdm import tqdm
-
-from edgecap.data.records import ImageRecord
-from edgecap.preprocess import Preprocessing, load_images
-from edgecap.training.cider import CiderD
 from edgecap.vocab import tokenize
 
 TRIAL = "calib-trial"  # precision name under which a candidate graph pair is loaded

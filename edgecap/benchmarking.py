@@ -7,7 +7,7 @@ Both libraries are pinned to the same intra-op thread count, which the report re
 
 The PyTorch eager reference is the model the export came from (``load_reference``, sha256-checked), behind the
 same ``encode(pixels) -> StepSession`` interface and the same beam search as ONNX Runtime, so the ratio between
-them is the gain of the exported graphs alone. Timing itself lives in ``edgecap.runtime.bench`` (torch-free).
+them is the gain of the exported graphs alone. Timing itself lives in ``edgecap.runtime.timing`` (torch-free).
 """
 
 from __future__ import annotations
@@ -25,19 +25,11 @@ from tqdm import tqdm
 
 from edgecap.errors import DataError, EdgecapError, ModelError
 from edgecap.preprocess import SAMPLE_IMAGES, Preprocessing, load_images
-from edgecap.runtime.bench import (
-    BenchRow,
-    library_versions,
-    machine_info,
-    memcopy_bandwidth_gb_s,
-    ort_weight_bytes,
-    peak_rss_mb,
-    summarize,
-    time_captions,
-    with_speedups,
-)
+from edgecap.runtime.machine import library_versions, machine_info, memcopy_bandwidth_gb_s, peak_rss_mb
 from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.search import SearchOptions, bad_ending_ids
+from edgecap.runtime.timing import BenchRow, summarize, time_captions, with_speedups
+from edgecap.runtime.weight_bytes import ort_weight_bytes
 from edgecap.vocab import Vocab
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
@@ -221,9 +213,9 @@ def _load(job: _Job, k: int):
                 torch.set_num_interop_threads(1)
             except RuntimeError:  # already set in this process: keep what it is
                 pass
-            from edgecap.training.checkpoint import load_reference
+            from edgecap.checkpoint import load_reference
 
-            captioner = load_reference(manifest).captioner
+            captioner = load_reference(manifest).model
             weight_bytes = _torch_step_weight_bytes(job.export_dir, manifest, captioner.decoder)
             _LOADED[key] = (captioner, weight_bytes, banned)
         elif job.backend == "trt":

@@ -211,8 +211,8 @@ def evaluate(
             result = evaluate_captioner(captioner, records, options, evaluator=evaluator,
                                         backend=backend.value, precision=precision.value)
         else:
-            from edgecap.captioning import evaluate_model
-            from edgecap.training.checkpoint import load_model
+            from edgecap.checkpoint import load_model
+            from edgecap.torch_backend import evaluate_model
 
             result = evaluate_model(load_model(run), records, options, evaluator=evaluator)
     typer.echo(eval_table(result))
@@ -252,8 +252,8 @@ def caption(
     if backend in (Backend.ort, Backend.trt):
         caption_batch = partial(_open_export(model, backend, precision, device).caption, options=options)
     else:
-        from edgecap.captioning import caption_images
-        from edgecap.training.checkpoint import load_model
+        from edgecap.checkpoint import load_model
+        from edgecap.torch_backend import caption_images
 
         caption_batch = partial(caption_images, load_model(model), options=options)
     failed = 0
@@ -331,10 +331,10 @@ def export_model(
             _build_trt(run, Manifest.read(run), precisions, engine_options)
             return
         require_tensorrt()  # say what this machine lacks before a long export
+    from edgecap.checkpoint import load_model
     from edgecap.export.onnx import export_onnx
     from edgecap.export.precision import add_fp16
     from edgecap.preprocess import SAMPLE_IMAGES, load_images
-    from edgecap.training.checkpoint import load_model
 
     calibration = None
     if "int8" in precisions:

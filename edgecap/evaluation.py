@@ -3,7 +3,7 @@
 Captions are tokenised with pycocoevalcap's Stanford PTBTokenizer rather than ``edgecap.vocab.tokenize``:
 the two split words differently ("man's" -> "man 's" vs "mans"), and only the PTB numbers are comparable
 with published results. That tokeniser, METEOR and SPICE run on Java, so scoring needs ``java`` on the
-PATH; Java-free CIDEr for model selection lives in ``edgecap.training.cider``.
+PATH; Java-free CIDEr for model selection lives in ``edgecap.cider``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
+from edgecap.checkpoint import load_reference
 from edgecap.data.records import ImageRecord
 from edgecap.errors import DataError
 from edgecap.preprocess import load_images
@@ -31,7 +32,6 @@ from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.pipeline import check_options, open_backend
 from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
 from edgecap.torch_backend import TorchBackend
-from edgecap.training.checkpoint import load_reference
 from edgecap.vocab import BOS, EOS, PAD
 
 if TYPE_CHECKING:  # scoring needs pycocoevalcap; the teacher-forced check and the gate's inputs do not
@@ -164,7 +164,7 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
     check_options(manifest, options, export_dir)  # the search a deployed Captioner would run, or none
     loaded = load_reference(manifest, reference_path)
     k = manifest.topk
-    reference_backend = TorchBackend(loaded.captioner, k)
+    reference_backend = TorchBackend(loaded.model, k)
     candidate_backend = open_backend(export_dir, manifest, backend=backend, precision=precision)
     banned = bad_ending_ids(loaded.vocab.words, options.bad_endings)
     stats = _StepStats(k)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from edgecap import spec
-from edgecap.models.captioner import Captioner
+from edgecap.models.caption_model import CaptionModel
 
 
 def next_name(state_name: str) -> str:
@@ -21,7 +21,7 @@ def next_name(state_name: str) -> str:
 class EncoderGraph(nn.Module):
     """pixels (N, 3, H, W) -> every memory tensor and the initial state, in ``output_names`` order."""
 
-    def __init__(self, captioner: Captioner, memory_names: list[str], state_names: list[str]):
+    def __init__(self, captioner: CaptionModel, memory_names: list[str], state_names: list[str]):
         super().__init__()
         self.captioner = captioner
         self.memory_names, self.state_names = memory_names, state_names
@@ -38,7 +38,7 @@ class EncoderGraph(nn.Module):
 class StepGraph(nn.Module):
     """One decoding step for N rows; gathers state by ``reorder`` first, so the host never moves state."""
 
-    def __init__(self, captioner: Captioner, memory_names: list[str], state_names: list[str], k: int):
+    def __init__(self, captioner: CaptionModel, memory_names: list[str], state_names: list[str], k: int):
         super().__init__()
         self.decoder = captioner.decoder
         self.memory_names, self.state_names, self.k = memory_names, state_names, k
@@ -64,7 +64,7 @@ class StepGraph(nn.Module):
 
 
 @torch.no_grad()
-def tensor_names(captioner: Captioner, image_size: int) -> tuple[list[str], list[str]]:
+def tensor_names(captioner: CaptionModel, image_size: int) -> tuple[list[str], list[str]]:
     """(memory names, state names) the decoder's ``prepare`` produces at the model's input size, in a stable order."""
     memory, state = captioner.decoder.prepare(captioner.encode(torch.zeros(1, 3, image_size, image_size)))
     return sorted(memory), sorted(state)

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from edgecap import spec
+from edgecap.checkpoint import DEFAULT_MODEL, LoadedModel, checkpoint_file
+from edgecap.errors import EdgecapError
 from edgecap.export.graphs import EncoderGraph, StepGraph, tensor_names
 from edgecap.runtime.backends.ort import cpu_session
 from edgecap.runtime.manifest import FORMAT_VERSION, Manifest, TensorSpec, file_sha256
-
-from edgecap import spec
-from edgecap.errors import EdgecapError
-from edgecap.training.checkpoint import DEFAULT_MODEL, LoadedModel, checkpoint_file
 
 OPSET = 18
 # max |ORT - PyTorch| per output of the fp32 graphs, in units of max(1, max |PyTorch|): a sum over thousands of
@@ -96,7 +96,7 @@ def _specs(names: list[str], tensors: tuple[torch.Tensor, ...], role_for=spec.ro
 def export_onnx(loaded: LoadedModel, out_dir: Path, *, real_pixels: np.ndarray, k: int = 6,
                 max_length: int = 20) -> Manifest:
     """Write fp32 ``encoder.onnx``, ``step.onnx`` and ``edgecap.json`` to ``out_dir``; validated or raises."""
-    captioner = loaded.captioner.eval()
+    captioner = loaded.model.eval()
     cache = getattr(captioner.decoder, "max_positions", None)  # decoders with a static KV cache declare its length
     if cache is not None and max_length >= cache:
         raise EdgecapError(f"max_length {max_length} needs decoding steps 0..{max_length} but the {loaded.model_id} "

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from edgecap.errors import ModelError
 from edgecap.export.trt_compat import check_for_tensorrt
 from edgecap.runtime.backends.trt_cuda import current_device, require_tensorrt
 from edgecap.runtime.engines import (
@@ -31,8 +32,6 @@ from edgecap.runtime.engines import (
     profile_shapes,
 )
 from edgecap.runtime.manifest import Manifest, file_sha256
-
-from edgecap.errors import ModelError
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+
+from edgecap.errors import BackendUnavailableError, ModelError
 from edgecap.runtime.backends.trt_cuda import INSTALL_HINT
 from edgecap.runtime.engines import GRAPHS
 from edgecap.runtime.manifest import Manifest
-
-from edgecap.errors import BackendUnavailableError, ModelError
 
 MIN_OPSET = 13  # per-axis QuantizeLinear / DequantizeLinear
 HALF_TYPES = {10: "float16", 16: "bfloat16"}  # onnx.TensorProto.FLOAT16, BFLOAT16

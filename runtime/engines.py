@@ -15,10 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from edgecap.runtime.manifest import TensorSpec
-
 from edgecap import spec
 from edgecap.errors import ModelError
+from edgecap.runtime.manifest import TensorSpec
 
 GRAPHS = ("encoder", "step")
 ENGINE_DIR = "engines"  # plans and the timing cache, inside the export directory

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from edgecap.runtime.backends.base import Backend
-from edgecap.runtime.backends.ort import OrtBackend
-from edgecap.runtime.manifest import Manifest
-from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
 from PIL import Image
 
 from edgecap.errors import ModelError
 from edgecap.preprocess import Preprocessing, frame_to_array, load_images
+from edgecap.runtime.backends.base import Backend
+from edgecap.runtime.backends.ort import OrtBackend
+from edgecap.runtime.manifest import Manifest
+from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
 from edgecap.vocab import Vocab
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from edgecap.training.checkpoint import DEFAULT_MODEL, read_checkpoint, save_atomic
+from edgecap.checkpoint import DEFAULT_MODEL, read_checkpoint, save_atomic
 from edgecap.weight_storage import MIN_INT8_ELEMENTS, pack_int8
 
 ARCHITECTURE_NAMES = {"sat": "Show, Attend and Tell", "spca": "SPCA", "stackcap": "Stack-Captioning",

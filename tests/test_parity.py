@@ -5,9 +5,9 @@ import shutil
 
 import numpy as np
 import pytest
-from edgecap.runtime.manifest import Manifest
 
 from edgecap.data import load_dataset
+from edgecap.runtime.manifest import Manifest
 from tests.needs import needs_scoring
 from tests.test_cli import invoke
 from tests.without_torch import run_without

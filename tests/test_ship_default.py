@@ -18,12 +18,11 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ship_default.py"
 @pytest.mark.parametrize("weights", ["fp16", "int8"])
 def test_a_shipped_run_loads_from_its_stored_weights_and_its_card_names_architecture_and_command(
         tiny_export, tmp_path, weights):
-    from edgecap.runtime.search import SearchOptions
-
-    from edgecap.captioning import caption_images
+    from edgecap.checkpoint import load_model, read_checkpoint
     from edgecap.data import load_dataset
     from edgecap.models.encoder import read_encoder_weights
-    from edgecap.training.checkpoint import load_model, read_checkpoint
+    from edgecap.runtime.search import SearchOptions
+    from edgecap.torch_backend import caption_images
 
     run = tiny_export / "run"
     scores = tmp_path / "eval.json"
@@ -43,7 +42,7 @@ def test_a_shipped_run_loads_from_its_stored_weights_and_its_card_names_architec
     assert card.startswith("# Shipped default model: Show, Attend and Tell on Flickr8k")
     assert command in card and "`model.pt`" in card
     assert f"- Weights: {'fp16' if weights == 'fp16' else 'decoder weight-only INT8'} (" in card
-    shipped, trained = load_model(out).captioner, load_model(run).captioner
+    shipped, trained = load_model(out).model, load_model(run).model
     for name, weight in trained.decoder.state_dict().items():
         assert torch.allclose(shipped.decoder.state_dict()[name], weight, atol=0.02 * weight.abs().max().item()), name
     encoder = shipped.encoder.state_dict()

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edgecap.training.cider import CiderD
+from edgecap.cider import CiderD
 from edgecap.training.distributed import global_sum
 from edgecap.training.scst import leave_one_out_mean, sample_captions, words_of
 from edgecap.vocab import Vocab

@@ -13,7 +13,7 @@ from edgecap.config import EncoderConfig
 from edgecap.data.features import cached_features
 from edgecap.data.records import ImageRecord
 from edgecap.data.views import View
-from edgecap.models.captioner import Captioner
+from edgecap.models.caption_model import CaptionModel
 from edgecap.preprocess import Preprocessing, load_images
 from edgecap.vocab import BOS, EOS, PAD, Vocab, tokenize
 
@@ -84,7 +84,7 @@ class ImageFeatures:
     encoder, transformed pixels for a trained one.
     """
 
-    def __init__(self, records: Sequence[ImageRecord], captioner: Captioner, encoder_config: EncoderConfig,
+    def __init__(self, records: Sequence[ImageRecord], captioner: CaptionModel, encoder_config: EncoderConfig,
                  prep: Preprocessing, *, cache_dir: Path | None, label: str, views: Sequence[View] = ()):
         self.records = records
         self.captioner = captioner

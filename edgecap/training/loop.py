@@ -22,20 +22,20 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from edgecap.checkpoint import checkpoint_payload, on_cpu, read_checkpoint, save_atomic
+from edgecap.cider import CiderD
 from edgecap.config import TrainConfig
 from edgecap.data import CaptionDataset, load_dataset
 from edgecap.data.views import MIRRORED, ZOOMED, View
 from edgecap.errors import ModelError
 from edgecap.models import build_model
-from edgecap.models.captioner import Captioner
+from edgecap.models.caption_model import CaptionModel
 from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing
 from edgecap.runtime.search import SearchOptions
 from edgecap.torch_backend import captions_of, search_features
 from edgecap.training import distributed
 from edgecap.training.c2f import c2f_loss
-from edgecap.training.checkpoint import checkpoint_payload, on_cpu, read_checkpoint, save_atomic
-from edgecap.training.cider import CiderD
 from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_id, mirrored_token_table, tokenised_references
 from edgecap.training.ema import WeightAverage
 from edgecap.training.hard_attention import expected_context_logprob
@@ -88,7 +88,7 @@ class Trainer:
             probe = grid_features(encoder.eval(), torch.zeros(1, 3, self.prep.image_size, self.prep.image_size))
         model_config = {"vocab_size": len(self.vocab), "feature_dim": probe.shape[2], "num_locations": probe.shape[1],
                         **spec.model}
-        self.captioner = distributed.prepare_module(Captioner(encoder, build_model(spec.model_id, model_config)),
+        self.captioner = distributed.prepare_module(CaptionModel(encoder, build_model(spec.model_id, model_config)),
                                                     self.dist)
         if not spec.encoder.finetune:
             self.captioner.encoder.requires_grad_(False)

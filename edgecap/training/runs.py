@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from edgecap.checkpoint import read_checkpoint
 from edgecap.config import EncoderConfig, Preset, TrainConfig, apply_overrides, preset_for
 from edgecap.errors import ModelError
 from edgecap.models import MODELS
-from edgecap.training.checkpoint import read_checkpoint
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edgecap.training.cider import CiderD
+from edgecap.cider import CiderD
 from edgecap.training.distributed import global_sum
 from edgecap.vocab import BOS, EOS, PAD, Vocab
 

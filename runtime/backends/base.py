@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
+
 from edgecap.runtime.search import StepSession
 
 

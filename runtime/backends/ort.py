@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from edgecap.runtime.manifest import Manifest
 
 from edgecap import spec
 from edgecap.errors import ModelError
+from edgecap.runtime.manifest import Manifest
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 # Since 1.21, ONNX Runtime's WeightBiasQuantization pass quantises, per tensor and at load time, the float weights of

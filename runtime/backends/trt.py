@@ -13,12 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from edgecap.runtime.backends.trt_cuda import Cuda, current_device, require_tensorrt
-from edgecap.runtime.engines import GRAPHS, find_engine, rebuild_hint
-from edgecap.runtime.manifest import Manifest, file_sha256
 
 from edgecap import spec
 from edgecap.errors import ModelError
+from edgecap.runtime.backends.trt_cuda import Cuda, current_device, require_tensorrt
+from edgecap.runtime.engines import GRAPHS, find_engine, rebuild_hint
+from edgecap.runtime.manifest import Manifest, file_sha256
 
 INPUTS = (spec.TOKENS, spec.REORDER, spec.STEP)  # what crosses to the device each step
 FETCHED = (spec.TOPK_LOGPROBS, spec.TOPK_IDS, spec.ATTENTION, spec.LOGPROBS)  # what may come back

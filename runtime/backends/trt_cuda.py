@@ -12,9 +12,9 @@ import ctypes
 from collections.abc import Callable
 
 import numpy as np
-from edgecap.runtime.engines import DeviceInfo
 
 from edgecap.errors import BackendUnavailableError
+from edgecap.runtime.engines import DeviceInfo
 
 INSTALL_HINT = "pip install edgecap[trt] on a machine with an NVIDIA GPU (on Jetson, TensorRT comes with JetPack)"
 MIN_TENSORRT = (10, 3)  # strongly typed networks and the name-based I/O API; JetPack 6 ships 10.3

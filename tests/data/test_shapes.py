@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from edgecap.cider import CiderD, best_constant_cider
 from edgecap.data import shapes
 from edgecap.data.karpathy import read_karpathy
 from edgecap.data.shapes import COLOURS, SHAPES, generate_shapes, load_shapes
 from edgecap.errors import DataError
-from edgecap.training.cider import CiderD, best_constant_cider
 from edgecap.vocab import tokenize
 
 SMALL = {"n_train": 40, "n_dev": 6, "n_test": 6}

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from edgecap.runtime.manifest import MANIFEST_NAME, Manifest
 
 from edgecap.errors import ModelError
+from edgecap.runtime.manifest import MANIFEST_NAME, Manifest
 from tests.test_cli import invoke
 from tests.without_torch import run_without_torch
 
@@ -69,12 +69,12 @@ def test_the_cli_captions_an_export_directory_without_torch_or_a_backend_flag(ti
 @pytest.mark.slow
 def test_frames_in_memory_caption_as_their_files_do(tiny_export):
     import numpy as np
-    from edgecap.runtime.pipeline import Captioner
-    from edgecap.runtime.search import SearchOptions
 
     from edgecap.data import load_dataset
     from edgecap.errors import ImageError
     from edgecap.preprocess import read_rgb
+    from edgecap.runtime.pipeline import Captioner
+    from edgecap.runtime.search import SearchOptions
 
     captioner = Captioner.from_dir(tiny_export / "exp")
     paths = [r.path for r in load_dataset("shapes").split("test")[:5]]
@@ -113,11 +113,10 @@ def test_damaged_export_directories_are_one_line_errors(tiny_export, tmp_path, d
 @pytest.mark.slow
 @pytest.mark.parametrize("beam", [1, 3])  # greedy skips tiling the encoder's rows
 def test_io_binding_and_fp16_graphs_caption_like_fp32(tiny_export, beam):
+    from edgecap.data import load_dataset
     from edgecap.runtime.backends.ort import OrtBackend
     from edgecap.runtime.pipeline import Captioner
     from edgecap.runtime.search import SearchOptions
-
-    from edgecap.data import load_dataset
 
     images = [r.path for r in load_dataset("shapes").split("test")[:8]]
     options = SearchOptions(beam_size=beam)

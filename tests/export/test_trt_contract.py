@@ -9,6 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from edgecap.errors import BackendUnavailableError, ModelError
+from edgecap.preprocess import SAMPLE_IMAGES
 from edgecap.runtime.engines import (
     DeviceInfo,
     EngineOptions,
@@ -20,9 +23,6 @@ from edgecap.runtime.engines import (
     profile_shapes,
 )
 from edgecap.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, TensorSpec
-
-from edgecap.errors import BackendUnavailableError, ModelError
-from edgecap.preprocess import SAMPLE_IMAGES
 from tests.test_cli import invoke, run_cli_without
 from tests.without_torch import run_without_torch
 
@@ -273,6 +273,7 @@ def _break(model, damage: str) -> None:
 ])
 def test_graphs_broken_on_purpose_fail_the_check(tiny_export, int8_export, tmp_path, precision, graph, damage, words):
     import onnx
+
     from edgecap.export.trt_compat import graph_problems
 
     source = (int8_export if precision == "int8" else tiny_export / "exp") / f"{graph}.{precision}.onnx"
@@ -330,15 +331,14 @@ def simulated_trt(monkeypatch):
 def test_trt_backend_host_logic_on_simulated_cuda_captions_like_onnx_runtime(simulated_trt, tiny_export, tmp_path):
     """Bindings, state ping-pong, tiling on the device, staging and graph replay, checked against ONNX Runtime:
     the simulated engines run the same fp32 graphs, so every caption and log-prob must match exactly."""
+    from edgecap.data import load_dataset
+    from edgecap.parity import teacher_forced
+    from edgecap.preprocess import Preprocessing, load_images
     from edgecap.runtime.backends.trt import TrtBackend
     from edgecap.runtime.engines import GRAPHS
     from edgecap.runtime.manifest import file_sha256
     from edgecap.runtime.pipeline import Captioner
     from edgecap.runtime.search import SearchOptions
-
-    from edgecap.data import load_dataset
-    from edgecap.parity import teacher_forced
-    from edgecap.preprocess import Preprocessing, load_images
     from tests.runtime.simulated_trt import CAPABILITY, GPU, VERSION, write_plan
 
     directory = shutil.copytree(tiny_export / "exp", tmp_path / "exp")
@@ -395,11 +395,10 @@ def tensorrt_machine() -> None:
 @pytest.mark.slow
 @pytest.mark.tensorrt
 def test_trt_engines_caption_like_onnx_runtime(tensorrt_machine, tiny_export, tmp_path):
+    from edgecap.data import load_dataset
     from edgecap.runtime.backends.trt import TrtBackend
     from edgecap.runtime.pipeline import Captioner
     from edgecap.runtime.search import SearchOptions
-
-    from edgecap.data import load_dataset
 
     directory = shutil.copytree(tiny_export / "exp", tmp_path / "exp")
     code, output = invoke("export", str(directory), "--trt", "--precision", "fp32,fp16", "--max-batch", "8")

@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 import torch
-from edgecap.runtime.search import SearchOptions
 
 from edgecap import spec
 from edgecap.models import build_model
 from edgecap.models.a2 import ALIGNMENTS
+from edgecap.runtime.search import SearchOptions
 from edgecap.torch_backend import search_features
 from edgecap.vocab import BOS, EOS, PAD, SPECIALS, Vocab
 from tests.models.step_check import assert_steps_equal_forward

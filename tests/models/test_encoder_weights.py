@@ -6,16 +6,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgecap.captioning import split_features
+from edgecap.checkpoint import checkpoint_payload, load_model, save_atomic
 from edgecap.config import EncoderConfig
 from edgecap.data.features import cached_features
 from edgecap.data.records import ImageRecord
 from edgecap.errors import ModelError
 from edgecap.models import build_model
-from edgecap.models.captioner import Captioner
+from edgecap.models.caption_model import CaptionModel
 from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing, load_images
-from edgecap.training.checkpoint import checkpoint_payload, load_model, save_atomic
+from edgecap.torch_backend import split_features
 from edgecap.vocab import Vocab
 from edgecap.weight_storage import SCALE, pack_int8
 
@@ -40,7 +40,7 @@ def _save_checkpoint(path: Path, encoder: torch.nn.Module, encoder_config: Encod
     vocab = Vocab.build(["a photo of a cat"], min_count=1)
     decoder = build_model("sat", {"vocab_size": len(vocab), "num_locations": 4, "annotation_dim": 16,
                                   "embed_dim": 8, "hidden_dim": 12, "att_dim": 10})
-    save_atomic(checkpoint_payload(Captioner(encoder, decoder).eval(), model_id="sat", vocab=vocab, prep=PREP,
+    save_atomic(checkpoint_payload(CaptionModel(encoder, decoder).eval(), model_id="sat", vocab=vocab, prep=PREP,
                                    encoder_config=encoder_config, metrics={}), path)
     return path
 

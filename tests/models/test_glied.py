@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 import torch
-from edgecap.runtime.search import SearchOptions, beam_search
 
 from edgecap import spec
 from edgecap.errors import ModelError
 from edgecap.models import build_model
+from edgecap.runtime.search import SearchOptions, beam_search
 from edgecap.torch_backend import TorchSession
 from edgecap.vocab import BOS, EOS
 from tests.models.step_check import assert_steps_equal_forward

@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+
 from edgecap.runtime.backends.ort import FP32_PRESERVING
 
 VERSION = "10.3.0"

@@ -10,18 +10,17 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from edgecap.runtime.bench import (
+
+from edgecap.runtime.search import SearchOptions
+from edgecap.runtime.timing import (
     TimedSession,
-    onnx_weight_bytes,
-    ort_weight_bytes,
     step_growth,
     step_ms_by_position,
     summarize,
     time_captions,
     with_speedups,
 )
-from edgecap.runtime.search import SearchOptions
-
+from edgecap.runtime.weight_bytes import onnx_weight_bytes, ort_weight_bytes
 from edgecap.vocab import EOS
 from tests.test_cli import invoke
 from tests.without_torch import run_without_torch
@@ -146,7 +145,7 @@ def test_step_weight_bytes_count_what_a_run_reads(tmp_path):
 
 def test_timing_core_and_machine_info_never_import_torch():
     run_without_torch("""
-        from edgecap.runtime.bench import machine_info, memcopy_bandwidth_gb_s, peak_rss_mb
+        from edgecap.runtime.machine import machine_info, memcopy_bandwidth_gb_s, peak_rss_mb
         info = machine_info()
         assert info["cpu"] and info["cores"] >= 1 and "torch" not in info["versions"]
         assert memcopy_bandwidth_gb_s(megabytes=8, repeats=2) > 0 and peak_rss_mb() > 0

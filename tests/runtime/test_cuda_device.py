@@ -111,9 +111,8 @@ def test_the_device_identity_names_this_gpu(cudart):
 
 
 def test_without_tensorrt_the_refusal_names_tensorrt_and_not_cuda_python(cudart):
-    from edgecap.runtime.backends.trt_cuda import require_tensorrt
-
     from edgecap.errors import BackendUnavailableError
+    from edgecap.runtime.backends.trt_cuda import require_tensorrt
 
     try:
         import tensorrt  # noqa: F401

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-from edgecap.runtime.backends.ort import cpu_session  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from edgecap.runtime.backends.ort import cpu_session  # noqa: E402
 
 INPUT_SCALE, OUTPUT_SCALE = 0.01, 1e-5
 

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+
 from edgecap.runtime.search import (
     SearchOptions,
     bad_ending_ids,
@@ -14,7 +15,6 @@ from edgecap.runtime.search import (
     rank_score,
     repeats_trigram,
 )
-
 from edgecap.vocab import BOS, EOS, PAD, UNK
 
 Model = Callable[[int, tuple[int, ...]], np.ndarray]  # (image, tokens so far incl. bos) -> log-probs (V,)

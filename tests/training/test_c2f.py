@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
+from edgecap.cider import CiderD
 from edgecap.models import build_model
 from edgecap.training.c2f import c2f_loss, stage_advantages
-from edgecap.training.cider import CiderD
 from edgecap.training.scst import leave_one_out_mean, sample_captions
 from edgecap.vocab import EOS, PAD, Vocab
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from edgecap.checkpoint import load_model
 from edgecap.data.shapes import generate_shapes
 from edgecap.errors import EdgecapError
 from edgecap.training import distributed
-from edgecap.training.checkpoint import load_model
 from tests.test_cli import invoke
 
 # 64 images x 5 captions = 320 pairs: 10 global batches of 32 per epoch. Dropout off so the runs are comparable.
@@ -52,7 +52,7 @@ def test_two_ranks_follow_the_single_process_loss_trajectory(small_shapes, tmp_p
     np.testing.assert_allclose([h["dev_cider"] for h in two], [h["dev_cider"] for h in one], atol=0.01)
     torch.manual_seed(0)
     features, tokens = torch.randn(4, 36, 64), torch.randint(4, 20, (4, 8))
-    a, b = (load_model(tmp_path / run / "last.pt").captioner.decoder for run in ("one", "two"))
+    a, b = (load_model(tmp_path / run / "last.pt").model.decoder for run in ("one", "two"))
     with torch.no_grad():
         torch.testing.assert_close(b(features, tokens)["logprobs"], a(features, tokens)["logprobs"], atol=1e-3,
                                    rtol=0)

@@ -2,8 +2,8 @@
 
 import pytest
 
+from edgecap.checkpoint import read_checkpoint
 from edgecap.data.shapes import generate_shapes
-from edgecap.training.checkpoint import read_checkpoint
 from tests.test_cli import invoke
 
 

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
+from edgecap.checkpoint import read_checkpoint, save_atomic
 from edgecap.config import EncoderConfig, TrainConfig
 from edgecap.data.shapes import generate_shapes
 from edgecap.errors import EdgecapError
-from edgecap.training.checkpoint import read_checkpoint, save_atomic
 from edgecap.weight_storage import INT8, pack_int8, stored_weights
 from tests.test_cli import invoke
 

@@ -1,8 +1,8 @@
 import numpy as np
 import torch
 
+from edgecap.cider import CiderD
 from edgecap.models import build_model
-from edgecap.training.cider import CiderD
 from edgecap.training.scst import sample_captions, scst_loss, words_of
 from edgecap.vocab import EOS, PAD, Vocab
 

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from edgecap.training.checkpoint import read_checkpoint
+from edgecap.checkpoint import read_checkpoint
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

@@ -15,7 +15,7 @@ from edgecap.data.records import ImageRecord
 from edgecap.data.shapes import generate_shapes
 from edgecap.data.views import MIRRORED, ZOOMED
 from edgecap.errors import EdgecapError
-from edgecap.models.captioner import Captioner
+from edgecap.models.caption_model import CaptionModel
 from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing, load_images
 from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_id, mirrored_token_table, tokenised_references
@@ -37,7 +37,7 @@ def records(tmp_path_factory):
 @pytest.fixture(scope="module")
 def captioner():
     torch.manual_seed(0)
-    return Captioner(build_encoder(ENCODER).eval(), torch.nn.Linear(1, 1))
+    return CaptionModel(build_encoder(ENCODER).eval(), torch.nn.Linear(1, 1))
 
 
 @pytest.fixture(autouse=True)

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
+from edgecap.checkpoint import read_checkpoint
 from edgecap.config import TrainConfig
 from edgecap.errors import EdgecapError
-from edgecap.training.checkpoint import read_checkpoint
 from edgecap.training.ema import WeightAverage
 
 

@@ -4,7 +4,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from edgecap.training.cider import CiderD, corpus_cider
+from edgecap.cider import CiderD, corpus_cider
 from edgecap.vocab import tokenize
 
 Cider = pytest.importorskip("pycocoevalcap.cider.cider", reason="the reference CIDEr is pycocoevalcap's "

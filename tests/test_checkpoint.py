@@ -3,8 +3,8 @@ import threading
 import pytest
 import torch
 
+from edgecap.checkpoint import read_checkpoint, save_atomic
 from edgecap.errors import ModelError
-from edgecap.training.checkpoint import read_checkpoint, save_atomic
 
 
 def test_save_is_atomic_and_leaves_no_temp_files(tmp_path):

@@ -1,4 +1,4 @@
-"""Per-stage timing of any backend, torch-free (DESIGN.md §8): the encoder, every decoder step, the whole caption.
+"""Per-stage timing of any backend, torch-free: the encoder, every decoder step, the whole caption.
 
 A caption is ``backend.encode(pixels)`` followed by ``beam_search`` over the session it returns, as in
 ``Captioner.search``; pixels are preprocessed beforehand, so image decoding is not timed. Each step is timed
@@ -6,30 +6,18 @@ by wrapping the session in :class:`TimedSession`, so what remains of the caption
 steps are taken out is the host side of the search: logit filters, beam update, bookkeeping, and the one
 ``tile`` of memory and state. Clocks are host clocks; every backend returns host arrays from ``encode``'s
 session and from ``step`` (top-k and attention cross to the host each step), so device work is inside them.
-
-Also here, because a deployment target has no torch: the machine description that every report carries
-(figures from different machines must never be mixed), a memory-copy bandwidth measurement and the step's
-weight bytes, which give the floor of a memory-bound step: weight bytes / bandwidth.
 """
 
 from __future__ import annotations
 
 import gc
-import importlib.metadata
-import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
+
 from edgecap.runtime.backends.base import Backend
-from edgecap.runtime.backends.ort import FP32_PRESERVING
 from edgecap.runtime.search import SearchOptions, StepSession, beam_search
 
 Clock = Callable[[], float]  # seconds, monotonic
@@ -205,158 +193,3 @@ def with_speedups(rows: Sequence[BenchRow], reference: str = "torch") -> list[Be
                                encoder_speedup_vs_torch=ratio(ref.encoder_ms_p50, row.encoder_ms_p50),
                                step_speedup_vs_torch=ratio(ref.step_ms_p50, row.step_ms_p50)))
     return out
-
-
-# ---- the machine --------------------------------------------------------------------------------------------------
-
-def peak_rss_mb() -> float | None:
-    """Peak resident set size of this process so far, in MiB (None where the OS does not say).
-
-    Linux: ``VmHWM``, the high-water mark of this process's own memory. ``ru_maxrss`` is only the fallback: it
-    survives ``exec``, so a spawned worker would report its parent's size at fork time when that is larger.
-    """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 2**10  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def gpu_names() -> list[str]:
-    """Name and driver of each NVIDIA GPU that nvidia-smi lists; [] when there is none."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        listed = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.returncode == 0 else []
-
-
-def library_versions() -> dict[str, str]:
-    """numpy, onnxruntime and (only when this process already imported it) torch: never imports torch."""
-    versions = {"python": platform.python_version(), "numpy": np.__version__}
-    for dist in ("edgecap", "onnxruntime", "onnxruntime-gpu", "onnx", "tensorrt", "cuda-python"):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        versions["torch"] = str(torch.__version__)
-    return versions
-
-
-def machine_info() -> dict:
-    """What a reader needs to know before comparing figures: CPU, cores, GPU, OS, library versions, load."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "usable_cores": usable,
-        "gpu": gpu_names() or None,
-        "platform": platform.platform(),
-        "versions": library_versions(),
-        "load_average": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None,
-    }
-
-
-def memcopy_bandwidth_gb_s(*, megabytes: int = 256, repeats: int = 5) -> float:
-    """Best-of-``repeats`` bandwidth of one numpy copy between two ``megabytes`` arrays, one thread.
-
-    Counts bytes read plus bytes written (the STREAM "copy" convention), on random data. The arrays are far
-    larger than any CPU cache, so this is main-memory bandwidth; a step whose weights stay in cache can beat
-    the floor derived from it.
-    """
-    count = megabytes * 2**20 // 8
-    source = np.random.default_rng(0).random(count)
-    target = np.empty_like(source)
-    np.copyto(target, source)  # fault the pages in before timing
-    best = min(_timed(lambda: np.copyto(target, source)) for _ in range(repeats))
-    return 2 * source.nbytes / best / 1e9
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def onnx_weight_bytes(path: Path) -> int | None:
-    """Bytes of weights one run of an ONNX graph reads: its initializers and constant tensors, as stored.
-
-    A table read only through ``Gather`` (a word embedding) is left out: a step reads N of its rows, not all.
-    A weight read only through ``Cast`` counts at the cast's type: ONNX Runtime folds such constants when it
-    loads the graph (an fp16 graph's Gemm weights that are kept in fp32 are read as fp32). None when ``onnx``
-    (the export extra) is not installed: the runtime itself never needs it.
-    """
-    try:
-        import onnx
-        from onnx import helper
-    except ImportError:
-        return None
-    model = onnx.load(str(path), load_external_data=False)  # the sizes are in the dims; the bytes need not load
-
-    def size(tensor) -> int:
-        return int(np.prod(tensor.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-
-    uses: dict[str, set[tuple[str, int]]] = {}
-    cast_to: dict[str, set[int]] = {}  # tensor name -> element types it is cast to
-    for node in model.graph.node:
-        for index, name in enumerate(node.input):
-            uses.setdefault(name, set()).add((node.op_type, index))
-            if node.op_type == "Cast":
-                cast_to.setdefault(name, set()).update(a.i for a in node.attribute if a.name == "to")
-
-    def read_bytes(name: str, tensor) -> int:
-        used = uses.get(name, set())
-        if used == {("Gather", 0)}:
-            return 0
-        if used == {("Cast", 0)} and len(cast_to.get(name, ())) == 1:
-            return size(tensor) // helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize * \
-                helper.tensor_dtype_to_np_dtype(next(iter(cast_to[name]))).itemsize
-        return size(tensor)
-
-    total = sum(read_bytes(t.name, t) for t in model.graph.initializer)
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            total += sum(read_bytes(node.output[0], a.t) for a in node.attribute if a.name == "value")
-    return total
-
-
-def ort_weight_bytes(path: Path, *, providers: Sequence[str] = ("CPUExecutionProvider",)) -> int | None:
-    """:func:`onnx_weight_bytes` of the graph as ONNX Runtime runs it on ``providers``, after its load-time rewrites.
-
-    They matter: the CPU provider has no fp16 Gemm, so it casts an fp16 graph's weights to fp32 once at load
-    and every step then reads fp32. Falls back to the file as stored where the rewritten graph cannot be saved.
-    """
-    import onnxruntime as ort
-
-    with tempfile.TemporaryDirectory() as folder:
-        optimized = Path(folder) / "optimized.onnx"
-        options = ort.SessionOptions()
-        options.optimized_model_filepath = str(optimized)
-        options.log_severity_level = 3  # no warning that the saved graph is tied to this CPU: it is only measured
-        try:
-            ort.InferenceSession(str(path), options, providers=list(providers), **FP32_PRESERVING)
-            return onnx_weight_bytes(optimized)
-        except Exception:  # e.g. a compiling provider that cannot save its graph
-            return onnx_weight_bytes(path)

@@ -8,7 +8,7 @@ from torch import nn
 from edgecap.models.encoder import grid_features
 
 
-class Captioner(nn.Module):
+class CaptionModel(nn.Module):
     """``encode`` pixels to annotation vectors; the decoder's step contract does the rest."""
 
     def __init__(self, encoder: nn.Module, decoder: nn.Module):

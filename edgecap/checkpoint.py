@@ -18,7 +18,7 @@ import torch
 from edgecap.config import EncoderConfig
 from edgecap.errors import ModelError
 from edgecap.models import MODELS, build_model
-from edgecap.models.captioner import Captioner
+from edgecap.models.caption_model import CaptionModel
 from edgecap.models.encoder import build_encoder
 from edgecap.preprocess import Preprocessing
 from edgecap.runtime.manifest import Manifest, file_sha256
@@ -26,12 +26,12 @@ from edgecap.vocab import Vocab
 from edgecap.weight_storage import require_int8_scales, stored_weights
 
 FORMAT = "edgecap-checkpoint/1"
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "assets" / "default" / "model.pt"
+DEFAULT_MODEL = Path(__file__).resolve().parent / "assets" / "default" / "model.pt"
 
 
 @dataclass
 class LoadedModel:
-    captioner: Captioner
+    model: CaptionModel
     model_id: str
     vocab: Vocab
     prep: Preprocessing
@@ -40,7 +40,7 @@ class LoadedModel:
     metrics: dict
 
 
-def checkpoint_payload(captioner: Captioner, *, model_id: str, vocab: Vocab, prep: Preprocessing,
+def checkpoint_payload(captioner: CaptionModel, *, model_id: str, vocab: Vocab, prep: Preprocessing,
                        encoder_config: EncoderConfig, metrics: dict, half: bool = False) -> dict:
     """The model part of a checkpoint (training state is added by the loop)."""
     cast = (lambda t: t.half() if t.is_floating_point() else t) if half else (lambda t: t)
@@ -116,8 +116,8 @@ def load_model(path: Path | None = None) -> LoadedModel:
         encoder.load_state_dict(stored_weights(payload["encoder"]))
     decoder = build_model(model_id, payload["model_config"])
     decoder.load_state_dict(stored_weights(payload["decoder"]))
-    captioner = Captioner(encoder, decoder).eval()
-    return LoadedModel(captioner=captioner, model_id=model_id, vocab=Vocab.from_json(payload["vocab"]),
+    model = CaptionModel(encoder, decoder).eval()
+    return LoadedModel(model=model, model_id=model_id, vocab=Vocab.from_json(payload["vocab"]),
                        prep=Preprocessing.from_json(payload["preprocessing"]), encoder_config=encoder_config,
                        path=path, metrics=payload.get("metrics", {}))
 
