@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SCHEMES = ("tensorrt", "ort-cpu")
@@ -153,7 +153,11 @@ class QdqGraph:
     ranges: object  # onnxruntime.quantization.TensorsData of ``source``
     op_types: tuple[str, ...] | None = None  # op types to quantise; None: every type onnxruntime knows
     scheme: str = "tensorrt"  # one of SCHEMES
-    always_fp32: tuple[str, ...] = ()  # nodes never quantised (``discrete_choice_layers``, ``activation_matmuls``)
+    rules: dict[str, list[str]] = field(default_factory=dict)  # ``always_fp32_rules``: nodes never quantised
+
+    @property
+    def always_fp32(self) -> list[str]:
+        return [node for nodes in self.rules.values() for node in nodes]
 
     def write(self, exclude: Sequence[str] = ()) -> Path:
         """Write ``target`` with ``always_fp32`` and the nodes in ``exclude`` kept fp32; returns ``target``."""
@@ -164,3 +168,20 @@ class QdqGraph:
     def layers(self) -> list[str]:
         """The weighted nodes this recipe quantises: the candidates for staying fp32."""
         return [n for n in quantizable_layers(self.source, self.op_types) if n not in self.always_fp32]
+
+
+def layer_counts(model: Path) -> tuple[int, int, int]:
+    """(weighted layers, of them those whose weights are INT8, QuantizeLinear + DequantizeLinear nodes) of a graph.
+
+    A layer runs INT8 when its weight reaches it through a DequantizeLinear of a constant: what TensorRT and ONNX
+    Runtime fuse into an INT8 kernel. An export that wrote Q/DQ nodes but left every weight float shows 0 here.
+    """
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    constants = _constants(graph)
+    dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in constants}
+    weighted = [n for n in graph.node if n.op_type in LAYER_OPS and len(n.input) > 1
+                and (n.input[1] in constants or n.input[1] in dequantized)]
+    qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in graph.node)
+    return len(weighted), sum(n.input[1] in dequantized for n in weighted), qdq

@@ -36,8 +36,8 @@ class CaptionScorer:
     """CIDEr-D (0-100) of the captions a pair of graph files gives the held-out records."""
 
     def __init__(self, directory: Path, manifest: Manifest, records: Sequence[ImageRecord], *, beam_size: int = 3,
-                 batch_size: int = 16):
-        self.directory, self.manifest, self.batch_size = directory, manifest, batch_size
+                 batch_size: int = 16, progress: bool = True):
+        self.directory, self.manifest, self.batch_size, self.progress = directory, manifest, batch_size, progress
         self.options = SearchOptions(beam_size=beam_size)
         self.image_ids = [r.image_id for r in records]
         self.pixels = load_images([r.path for r in records], Preprocessing.from_json(manifest.preprocessing))
@@ -50,7 +50,9 @@ class CaptionScorer:
         manifest = replace(self.manifest, graphs={**self.manifest.graphs, TRIAL: trial})
         captioner = Captioner(OrtBackend(self.directory, manifest, precision=TRIAL), manifest)
         out = []
-        for start in range(0, len(self.pixels), self.batch_size):
+        starts = range(0, len(self.pixels), self.batch_size)
+        for start in tqdm(starts, desc="captioning held-out photos", unit="batch", leave=False,
+                          disable=not self.progress):
             hyps = captioner.search(self.pixels[start:start + self.batch_size], self.options)
             out += [captioner.vocab.decode(h.tokens) for h in hyps]
         return out

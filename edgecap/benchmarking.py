@@ -1,7 +1,7 @@
-"""``edgecap bench``: time the grid backend x precision x batch x beam of an export, side by side (DESIGN.md §8).
+"""``edgecap bench``: time the grid backend x precision x batch x beam of an export, side by side.
 
 Every (backend, precision) runs in a fresh process of its own (``spawn``), for two reasons: torch's and ONNX
-Runtime's thread pools never share a process (on a small machine they fight, TOOLCHAIN.md), and the peak
+Runtime's thread pools never share a process (on a small machine they fight), and the peak
 resident memory of each row belongs to that backend alone (the ONNX Runtime processes never import torch).
 Both libraries are pinned to the same intra-op thread count, which the report records.
 
@@ -13,7 +13,7 @@ them is the gain of the exported graphs alone. Timing itself lives in ``edgecap.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -62,17 +62,6 @@ class BenchPlan:
 
 
 @dataclass(frozen=True)
-class TargetCheck:
-    """A figure the issue asks to report against a target (reported, never asserted)."""
-
-    name: str
-    target: str
-    value: float | None  # None: not measured in this grid
-    met: bool | None
-    detail: str
-
-
-@dataclass(frozen=True)
 class BenchReport:
     export_dir: Path
     model_id: str
@@ -82,10 +71,6 @@ class BenchReport:
     memcopy_gb_s: float
     images: list[str]
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def targets(self) -> list[TargetCheck]:
-        return target_checks(self.rows)
 
 
 @dataclass(frozen=True)
@@ -252,36 +237,20 @@ def _torch_step_weight_bytes(export_dir: Path, manifest: Manifest, decoder) -> i
     return sum(p.numel() * p.element_size() for p in decoder.parameters() if id(p) not in tables)
 
 
-# ---- targets (reported against, never asserted) -------------------------------------------------------------------
+def bench_export(export_dir: Path, plan: BenchPlan, *, json_out: Path | None = None, markdown_out: Path | None = None,
+                 plot: Path | None = None, say=print) -> BenchReport:
+    """``edgecap bench``: time ``plan`` on ``export_dir``, write the reports (and the plot), say where they went."""
+    from edgecap.report import bench_json, bench_markdown, bench_plot, require_plotting, write_reports
 
-def _row(rows: Sequence[BenchRow], backend: str, precision: str, batch: int, beam: int) -> BenchRow | None:
-    return next((r for r in rows if (r.backend, r.precision, r.batch, r.beam) == (backend, precision, batch, beam)),
-                None)
-
-
-def target_checks(rows: Sequence[BenchRow]) -> list[TargetCheck]:
-    """The issue's three targets: ORT fp32 caption >= 3x eager (batch 1, beam 3), int8 encoder >= 1.4x fp32
-    encoder, host-side search <= 10% of caption time."""
-    checks = []
-    ort = _row(rows, "ort", "fp32", 1, 3)
-    speedup = ort.speedup_vs_torch if ort else None
-    checks.append(TargetCheck(
-        "caption speedup, ort fp32 vs torch eager, batch 1 beam 3", ">= 3x", speedup,
-        None if speedup is None else speedup >= 3.0,
-        "not measured (needs torch and ort fp32 at batch 1, beam 3)" if speedup is None else f"{speedup:.2f}x"))
-    int8 = [r for r in rows if (r.backend, r.precision) == ("ort", "int8")]
-    pairs = [(r, _row(rows, "ort", "fp32", r.batch, r.beam)) for r in int8]
-    ratios = [(r, f.encoder_ms_p50 / r.encoder_ms_p50) for r, f in pairs if f is not None and r.encoder_ms_p50 > 0]
-    low = min((x for _, x in ratios), default=None)
-    checks.append(TargetCheck(
-        "encoder speedup, ort int8 vs ort fp32", ">= 1.4x", low, None if low is None else low >= 1.4,
-        "not measured (needs ort int8 and fp32 graphs)" if not ratios
-        else ", ".join(f"{x:.2f}x at batch {r.batch} beam {r.beam}" for r, x in ratios)))
-    worst = max(rows, key=lambda r: r.search_overhead_share, default=None)
-    checks.append(TargetCheck(
-        "host-side search share of caption time (worst row)", "<= 10%",
-        None if worst is None else worst.search_overhead_share,
-        None if worst is None else worst.search_overhead_share <= 0.10,
-        "no rows" if worst is None else f"{100 * worst.search_overhead_share:.1f}% ({worst.backend} {worst.precision} "
-                                        f"batch {worst.batch} beam {worst.beam})"))
-    return checks
+    if plot:
+        require_plotting()  # before minutes of timing, not after
+    report = run_bench(export_dir, plan)
+    text = bench_markdown(report)
+    written = write_reports(bench_json(report), text, Path(export_dir) / "reports" / "bench", json_out=json_out,
+                            markdown_out=markdown_out)
+    if plot:
+        bench_plot(report, plot)
+        written.append(plot)
+    say(text)
+    say(f"reports: {', '.join(map(str, written))}")
+    return report

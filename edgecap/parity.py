@@ -208,3 +208,32 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
                         candidate=scores["candidate"], steps=stats.result(), first_divergence=dict(divergence),
                         differing=differing, threshold=threshold, failures=failures,
                         graphs=dict(manifest.graphs[precision]), left_out=left_out)
+
+
+def check_export(export_dir: Path, data: str, split: str, *, backend: str, precision: str, options: SearchOptions,
+                 reference_path: Path | None = None, max_images: int = 0, json_out: Path | None = None,
+                 markdown_out: Path | None = None, say=print) -> ParityResult:
+    """``edgecap parity``: gate ``export_dir`` on ``data``'s ``split``, write the reports, say what was compared
+    and where the reports went. What this machine or the data lacks is said before the scoring package is needed."""
+    from edgecap.data import load_dataset
+    from edgecap.report import decoding_text, parity_json, parity_markdown, write_reports
+
+    if backend == "trt":
+        from edgecap.runtime.backends.trt_cuda import require_tensorrt
+
+        require_tensorrt()  # before the reference model and the data are loaded
+    dataset = load_dataset(data)
+    records = dataset.split(split)[: max_images or None]
+    say(f"parity: {export_dir} on {backend} {precision} against PyTorch, {dataset.name} {split}, up to "
+        f"{len(records)} photos, {decoding_text(options)}")
+    from edgecap.evaluation import Evaluator  # after the arguments and the data: scoring needs pycocoevalcap
+
+    with Evaluator(spice=False) as evaluator:
+        result = run_parity(export_dir, records, split=split, backend=backend, precision=precision, options=options,
+                            reference_path=reference_path, evaluator=evaluator, data_name=dataset.name)
+    text = parity_markdown(result)
+    written = write_reports(parity_json(result), text, export_dir / "reports" / f"parity-{backend}-{precision}",
+                            json_out=json_out, markdown_out=markdown_out)
+    say(text)
+    say(f"reports: {', '.join(map(str, written))}")
+    return result

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +16,9 @@ from PIL import Image
 if TYPE_CHECKING:  # formatting needs no torch, so an export can be scored and reported without it
     from edgecap.benchmarking import BenchReport
     from edgecap.evaluation import EvalResult
+    from edgecap.export.trt import BuiltEngine
     from edgecap.parity import ParityResult
+    from edgecap.runtime.manifest import Int8Report, Manifest
     from edgecap.runtime.pipeline import Caption
     from edgecap.runtime.search import SearchOptions
 
@@ -50,7 +54,7 @@ def eval_table(result: EvalResult) -> str:
 
 
 def parity_json(result: ParityResult) -> dict:
-    """DESIGN.md §8 fields (stable: scripts and CI read them) followed by the detail."""
+    """The stable fields scripts and CI read (docs/parity-and-bench.md) followed by the detail."""
     return {
         "passed": result.passed,
         "identical_rate": result.identical_rate,
@@ -117,8 +121,82 @@ def write_json(data: dict, path: Path) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def caption_json(caption: Caption) -> dict:
-    return {"image": str(caption.image), "caption": caption.text, "logprob": round(caption.logprob, 4)}
+def write_reports(data: dict, text: str, stem: Path, *, json_out: Path | None = None,
+                  markdown_out: Path | None = None) -> list[Path]:
+    """``stem``.json and ``stem``.md, and the copies asked for; the paths written."""
+    written = []
+    for path in (stem.with_suffix(".json"), json_out):
+        if path:
+            write_json(data, path)
+            written.append(path)
+    for path in (stem.with_suffix(".md"), markdown_out):
+        if path:
+            write_text(text, path)
+            written.append(path)
+    return written
+
+
+def speed_ratio(ratio: float | None, than: str) -> str:
+    """``2.14x as fast as fp32`` / ``0.29x the speed of fp32 (slower)``: a ratio that says which way it points."""
+    if ratio is None:
+        return f"not timed against {than}"
+    return f"{ratio:.2f}x as fast as {than}" if ratio >= 1 else f"{ratio:.2f}x the speed of {than} (slower)"
+
+
+def int8_summary(q: Int8Report, directory: Path) -> list[str]:
+    """What calibration measured, per graph; a warning naming the next options when it missed its threshold, and a
+    note when its estimate is too noisy to say whether it met it."""
+    graphs = []
+    for name in ("encoder", "step"):
+        g = q.graph(name)
+        graphs.append(f"{name}: {g.int8_layers} of {g.layers} layers INT8 ({len(g.kept_fp32)} kept fp32 by the "
+                      f"search), {speed_ratio(g.ort_cpu_speedup, 'fp32')} on ONNX Runtime CPU"
+                      if g.quantized else f"{name}: not quantised ({g.file})")
+    corrected = ", bias-corrected" if q.bias_correction else ""
+    lines = [f"int8 ({q.scheme}, {q.method}{corrected}): ΔCIDEr {q.delta_cider:+.2f} ± {q.delta_cider_se:.2f} on "
+             f"{q.heldout_images} held-out {q.heldout_split} photos", *(f"  {g}" for g in graphs)]
+    half_width = 1.96 * q.delta_cider_se  # of the normal 95% interval: the report keeps the mean and its SE
+    if not q.threshold_met:
+        hints = ["more --calib-images"]
+        if q.method == "max":
+            hints.append("--calib-method entropy")
+        if q.encoder.quantized and q.step.quantized:
+            hints.append("--int8-graphs step (an INT8 step beside the fp16 encoder)")
+        and_biases = " and biases corrected" if q.bias_correction else ""
+        lines.append(f"warning: int8 |ΔCIDEr| is above --calib-max-delta {q.threshold} even with {q.layers_tried} "
+                     f"layers kept fp32{and_biases}; expect `edgecap parity --precision int8` to fail. Try "
+                     f"{', or '.join(hints)}.")
+    elif half_width > q.threshold:
+        lines.append(f"note: the 95% interval of that ΔCIDEr (± {half_width:.2f}) is wider than --calib-max-delta "
+                     f"{q.threshold}, so {q.heldout_images} held-out photos cannot tell a passing INT8 export from a "
+                     f"failing one; gate it with `edgecap parity {directory} --data SPEC --precision int8`, on photos "
+                     "calibration never scored.")
+    return lines
+
+
+def engine_line(directory: Path, engine: BuiltEngine) -> str:
+    record, rows = engine.record, engine.record.profile
+    how = "cached" if engine.reused else f"built in {engine.seconds:.0f} s"
+    return (f"TensorRT {record.precision} {record.graph}: {directory / record.file} ({how}; rows {rows.min}-"
+            f"{rows.max}, tuned for {rows.opt})")
+
+
+def caption_json(caption: Caption, attention: Path | None = None) -> dict:
+    attention_file = {"attention": str(attention)} if attention else {}
+    return {"image": str(caption.image), "caption": caption.text, "logprob": round(caption.logprob, 4),
+            **attention_file}
+
+
+def caption_line(caption: Caption, attention: Path | None = None) -> str:
+    """``photo.jpg: a dog runs on the grass``, and where its attention maps went."""
+    return f"{caption.image}: {caption.text}" + (f"\n  attention maps: {attention}" if attention else "")
+
+
+def export_lines(manifest: Manifest, directory: Path) -> list[str]:
+    """What ``edgecap export`` wrote: the INT8 summary when there is one, then the precisions and the manifest."""
+    lines = int8_summary(manifest.quantization, directory) if manifest.quantization else []
+    return [*lines, f"exported {manifest.model_id} to {directory} ({', '.join(manifest.graphs)}); manifest "
+                    f"{directory / 'edgecap.json'}"]
 
 
 def require_plotting() -> None:
@@ -126,8 +204,9 @@ def require_plotting() -> None:
     import matplotlib  # noqa: F401
 
 
-def attention_png(caption: Caption, image: Image.Image, path: Path, *, columns: int = 5) -> None:
-    """A grid: the image, then the image under each word's attention map (upsampled from the feature grid)."""
+def attention_png(caption: Caption, image: Image.Image, path: Path, *, columns: int = 5) -> Path:
+    """A grid under the whole caption: the photo, then the photo under each word's attention map (upsampled from
+    the feature grid). Returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,11 +215,11 @@ def attention_png(caption: Caption, image: Image.Image, path: Path, *, columns: 
     words = [*caption.words, "<end>"]
     side = int(math.isqrt(caption.attention.shape[1]))
     rows = math.ceil((len(words) + 1) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(2.4 * columns, 2.6 * rows))
+    fig, axes = plt.subplots(rows, columns, figsize=(2.4 * columns, 2.6 * rows + 0.5))
     axes = np.atleast_1d(axes).ravel()
     shown = np.asarray(image.convert("RGB").resize((224, 224)))
     axes[0].imshow(shown)
-    axes[0].set_title(caption.text if len(caption.text) < 40 else caption.text[:37] + "...", fontsize=7)
+    axes[0].set_title(caption.image.name if caption.image else "photo", fontsize=9)
     for ax, word, alpha in zip(axes[1:], words, caption.attention, strict=False):
         grid = alpha[: side * side].reshape(side, side)
         heat = np.asarray(Image.fromarray((255 * grid / max(grid.max(), 1e-8)).astype(np.uint8)).resize(
@@ -150,16 +229,29 @@ def attention_png(caption: Caption, image: Image.Image, path: Path, *, columns: 
         ax.set_title(word, fontsize=9)
     for ax in axes:
         ax.axis("off")
+    fig.suptitle(textwrap.fill(caption.text, 70), fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    return path
 
 
-# ---- bench (DESIGN.md §8) ------------------------------------------------------------------------------------------
+def attention_paths(images: Sequence[Path], folder: Path) -> list[Path]:
+    """``folder/STEM.png`` per image, named after it; a stem that repeats gets ``-2``, ``-3``..."""
+    seen: dict[str, int] = {}
+    out = []
+    for image in images:
+        seen[image.stem] = seen.get(image.stem, 0) + 1
+        suffix = f"-{seen[image.stem]}" if seen[image.stem] > 1 else ""
+        out.append(folder / f"{image.stem}{suffix}.png")
+    return out
+
+
+# ---- bench ------------------------------------------------------------------------------------------
 
 def bench_json(report: BenchReport) -> dict:
-    """``machine`` and ``results`` (stable fields, DESIGN.md §8), then how the figures were taken."""
+    """``machine`` and ``results`` (stable fields, docs/parity-and-bench.md), then how the figures were taken."""
     return {
         "machine": report.machine,
         "results": [asdict(row) for row in report.rows],
@@ -168,7 +260,6 @@ def bench_json(report: BenchReport) -> dict:
         "settings": {"threads": report.plan.threads, "runs": report.plan.runs, "warmup": report.plan.warmup,
                      "thread_pinning": _THREADS_NOTE.format(threads=report.plan.threads),
                      "memcopy_gb_s": report.memcopy_gb_s, "images": report.images},
-        "targets": [asdict(check) for check in report.targets],
         "notes": report.notes,
     }
 
@@ -186,7 +277,7 @@ def _times(value: float | None) -> str:
 
 
 def bench_markdown(report: BenchReport) -> str:
-    """The machine, how it was measured, the side-by-side table, where the time goes, the targets and notes."""
+    """The machine, how it was measured, the side-by-side table, where the time goes, and notes."""
     m = report.machine
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
     lines = [
@@ -202,7 +293,8 @@ def bench_markdown(report: BenchReport) -> str:
         f"- step floor: step weight bytes / memory-copy bandwidth {report.memcopy_gb_s:.1f} GB/s "
         "(numpy, one thread, read + write bytes)", "",
         "| backend | precision | batch | beam | encoder ms p50 | step ms p50 | step floor ms | steps | "
-        "caption ms p50 | p90 | p99 | captions/s | host search | peak RSS MB | vs torch | encoder / step vs torch |",
+        "caption ms p50 | p90 | p99 | captions/s | host search | peak RSS MB | speed-up vs torch eager (>1x: faster) | "
+        "encoder / step speed-up vs torch |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report.rows:
@@ -229,10 +321,6 @@ def bench_markdown(report: BenchReport) -> str:
         growth = "–" if r.step_growth is None else f"{r.step_growth:.2f}"
         profile = " ".join(_ms(ms) for ms in r.step_ms_by_position)
         lines.append(f"| {r.backend} | {r.precision} | {r.batch} | {r.beam} | {growth} | {profile} |")
-    lines += ["", "Targets (reported, not asserted):", ""]
-    for check in report.targets:
-        verdict = "not measured" if check.met is None else "met" if check.met else "NOT met"
-        lines.append(f"- {check.name} (target {check.target}): {check.detail} — {verdict}")
     if report.notes:
         lines += ["", "Notes:", ""] + [f"- {note}" for note in report.notes]
     return "\n".join(lines) + "\n"
@@ -257,7 +345,7 @@ def bench_plot(report: BenchReport, path: Path) -> None:
         if r.speedup_vs_torch is not None and r.backend != "torch":
             left.annotate(f"{r.speedup_vs_torch:.1f}x", (xi, r.caption_ms_p90), xytext=(0, 3),
                           textcoords="offset points", ha="center", va="bottom", fontsize=7)
-    left.set_title("whole caption, p50 (whisker: p90)", fontsize=9)
+    left.set_title("whole caption, p50 (whisker: p90); labels: times faster than torch eager", fontsize=9)
     bottom = np.zeros(len(rows))
     for name, colour in (("encoder", "tab:green"), ("steps", "tab:purple"), ("search", "tab:gray")):
         values = np.array([getattr(r, f"{name}_ms_mean") for r in rows])

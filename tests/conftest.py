@@ -28,7 +28,7 @@ def tiny_export(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("export")
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(root / "run"),
-                          "--max-steps", "150", "--set", "train.eval_images=20")
+                          "--max-steps", "150", "--set", "select.images=20")
     assert code == 0, output
     code, output = invoke("export", str(root / "run"), "--out", str(root / "exp"), "--precision", "fp32,fp16")
     assert code == 0, output

@@ -47,7 +47,7 @@ def run_cli_without(package: str, args: list[str]) -> str:
 def tiny_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("runs") / "tiny"
     code, output = invoke("train", "--model", "sat", "--data", "shapes", "--preset", "tiny", "--out", str(out),
-                          "--max-steps", "600", "--scst-epochs", "1", "--set", "train.eval_images=50")
+                          "--max-steps", "600", "--scst-epochs", "1", "--set", "select.images=50")
     assert code == 0, output
     return out
 
@@ -57,7 +57,7 @@ def test_train_writes_a_complete_run_directory(tiny_run):
     for name in ("config.json", "command.txt", "vocab.json", "metrics.jsonl", "best.pt", "last.pt"):
         assert (tiny_run / name).is_file(), name
     config = json.loads((tiny_run / "config.json").read_text())
-    assert config["model_id"] == "sat" and config["train"]["max_steps"] == 600
+    assert config["model_id"] == "sat" and config["train"]["xe"]["max_steps"] == 600
     history = [json.loads(line) for line in (tiny_run / "metrics.jsonl").read_text().splitlines()]
     assert [h["phase"] for h in history] == ["xe", "xe", "scst"] and history[1]["step"] == 600
 
@@ -90,8 +90,8 @@ def test_a_killed_run_resumes_from_its_last_epoch(tmp_path):
     json_path = generate_shapes(tmp_path / "shapes", n_train=400, n_dev=20, n_test=0)  # a fifth of shapes' epoch
     out = tmp_path / "killed"
     args = ["train", "--data", f"karpathy:{json_path}", "--preset", "tiny", "--out", str(out),
-            "--set", "train.epochs=2", "--set", "train.batch_size=128", "--set", "train.eval_images=20",
-            "--set", "train.patience=5"]
+            "--set", "xe.epochs=2", "--set", "xe.batch_size=128", "--set", "select.images=20",
+            "--set", "select.patience=5"]
     process = subprocess.Popen([sys.executable, "-m", "edgecap", *args], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -134,7 +134,7 @@ def test_a_finished_run_continues_when_config_json_allows_more_epochs(tiny_run, 
     assert history() == [("xe", 1), ("xe", 2), ("scst", 1)]  # nothing left to do: nothing done
     assert "already finished" in output and "--scst-epochs N" in output
     config = json.loads((run / "config.json").read_text())
-    config["train"]["scst_epochs"] = 2
+    config["train"]["scst"]["epochs"] = 2
     (run / "config.json").write_text(json.dumps(config))
     code, output = invoke("train", "--out", str(run), "--resume")
     assert code == 0, output
@@ -145,20 +145,20 @@ def test_a_finished_run_continues_when_config_json_allows_more_epochs(tiny_run, 
 def test_a_self_critical_phase_added_to_a_finished_run_starts_on_resume(tmp_path):
     run = tmp_path / "xe-only"
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(run), "--max-steps", "20",
-                          "--scst-epochs", "0", "--set", "train.eval_images=10")
+                          "--scst-epochs", "0", "--set", "select.images=10")
     assert code == 0, output
     code, output = invoke("train", "--out", str(run), "--resume", "--scst-epochs", "1",
-                          "--set", "train.scst_mirror_share=0.5")
+                          "--set", "scst.mirror_share=0.5")
     assert code == 0, output
     phases = [json.loads(line)["phase"] for line in (run / "metrics.jsonl").open()]
     assert phases == ["xe", "scst"]
-    resumed = json.loads((run / "config.json").read_text())["train"]
-    assert (resumed["scst_epochs"], resumed["scst_mirror_share"]) == (1, 0.5)
+    resumed = json.loads((run / "config.json").read_text())["train"]["scst"]
+    assert (resumed["epochs"], resumed["mirror_share"]) == (1, 0.5)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags", [("--set", "model.hidden_dim=8"), ("--set", "train.lr=1e-2"),
-                                   ("--set", "train.mirror_share=0.5")])
+@pytest.mark.parametrize("flags", [("--set", "model.hidden_dim=8"), ("--set", "optim.lr=1e-2"),
+                                   ("--set", "xe.mirror_share=0.5")])
 def test_resuming_refuses_a_change_that_needs_a_new_run(tiny_run, tmp_path, flags):
     import shutil
 
@@ -177,7 +177,7 @@ def test_resuming_with_the_run_s_own_flags_repeated_is_allowed(tiny_run, tmp_pat
 
     run = shutil.copytree(tiny_run, tmp_path / "run")
     code, output = invoke("train", "--out", str(run), "--resume", "--max-steps", "600", "--scst-epochs", "1",
-                          "--set", "train.eval_images=50")
+                          "--set", "select.images=50")
     assert code == 0 and "already finished" in output, output
 
 
@@ -202,15 +202,37 @@ def test_eval_records_the_decoding_it_ran(tiny_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_caption_json_and_attention_png(tiny_run, tmp_path):
-    image = tmp_path / "scene.jpg"
-    Image.fromarray(np.full((96, 96, 3), 200, np.uint8)).save(image)
-    code, output = invoke("caption", str(image), str(image), "--model", str(tiny_run / "best.pt"), "--json",
-                          "--attention", str(tmp_path / "att.png"))
+def test_caption_json_and_attention_maps_named_after_the_photos(tiny_run, tmp_path):
+    photos = [tmp_path / "scene.jpg", tmp_path / "other" / "scene.jpg"]  # one stem twice
+    photos[1].parent.mkdir()
+    for photo in photos:
+        Image.fromarray(np.random.default_rng(0).integers(0, 255, (96, 96, 3), np.uint8)).save(photo)
+    code, output = invoke("caption", *map(str, photos), "--model", str(tiny_run / "best.pt"), "--json",
+                          "--attention", str(tmp_path / "maps"))
     assert code == 0, output
     lines = [json.loads(line) for line in output.strip().splitlines()]
-    assert len(lines) == 2 and lines[0]["caption"] == lines[1]["caption"] and lines[0]["caption"]
-    assert (tmp_path / "att-0.png").is_file() and (tmp_path / "att-1.png").is_file()
+    assert [line["attention"] for line in lines] == [str(tmp_path / "maps" / n) for n in ("scene.png", "scene-2.png")]
+    assert lines[0]["caption"] == lines[1]["caption"] and lines[0]["caption"]
+    rows = -(-(len(lines[0]["caption"].split()) + 2) // 5)  # the photo, each word and <end>, five to a row
+    assert Image.open(lines[0]["attention"]).size == (5 * 216, round(90 * (2.6 * rows + 0.5)))
+
+
+def test_attention_maps_show_where_each_word_looked(tmp_path):
+    from edgecap.report import attention_png
+    from edgecap.runtime.pipeline import Caption
+    from edgecap.runtime.search import Hypothesis
+
+    photo = Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), np.uint8))
+
+    def render(cells, name):
+        attention = np.zeros((4, 4), np.float32)  # three words and <end>, over a 2 x 2 grid
+        attention[np.arange(4), cells] = 1.0
+        caption = Caption(Path("p.jpg"), "a red dog", Hypothesis((4, 5, 6), -1.0, -1.0, attention))
+        return np.asarray(Image.open(attention_png(caption, photo, tmp_path / name)), np.float32)
+
+    first, same, moved = render([0, 1, 2, 3], "a.png"), render([0, 1, 2, 3], "b.png"), render([3, 3, 3, 0], "c.png")
+    assert np.array_equal(first, same)
+    assert np.abs(first - moved).mean() > 1.0  # other cells lit: other pixels dimmed
 
 
 def test_shipped_default_captions_the_sample_photos():
@@ -345,14 +367,13 @@ def test_console_errors_have_no_traceback(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("baseline", ["moving", "caption"])
-def test_hard_attention_and_self_critical_phases_run(tmp_path, baseline):
+def test_hard_attention_and_self_critical_phases_run(tmp_path):
     out = tmp_path / "hard"
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(out), "--max-steps", "20",
-                          "--scst-epochs", "1", "--set", "model.attention=hard", "--set", "train.eval_images=10",
-                          "--set", "train.scst_batch_images=200", "--set", f"train.hard_baseline={baseline}")
+                          "--scst-epochs", "1", "--set", "model.attention=hard", "--set", "select.images=10",
+                          "--set", "scst.batch_images=200")
     assert code == 0, output
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [h["phase"] for h in history] == ["xe", "scst"]
     config = json.loads((out / "config.json").read_text())
-    assert config["model"]["attention"] == "hard" and config["train"]["hard_baseline"] == baseline
+    assert config["model"]["attention"] == "hard"

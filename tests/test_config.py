@@ -1,23 +1,48 @@
-"""Every registered model has its sizes in every preset, and the preset builds it; --set overrides apply together."""
+"""Presets build every registered model; recipes name their model; --set overrides apply together and strictly."""
 
 import pytest
 
-from edgecap.config import PRESETS, apply_overrides, preset_for
+from edgecap.config import PRESETS, SHIPPED, apply_overrides
 from edgecap.errors import EdgecapError
-from edgecap.models import MODELS, build_model
+from edgecap.models import MODELS, build_model, settable_fields
+from edgecap.training.runs import resolve_run
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("preset", sorted(name for name, p in PRESETS.items() if p.model_id is None))
 @pytest.mark.parametrize("model_id", sorted(MODELS))
-def test_every_model_builds_from_every_preset(preset, model_id):
-    config = {"vocab_size": 50, "feature_dim": 64, "num_locations": 36, **preset_for(preset, model_id).model}
-    model = build_model(model_id, config)
-    assert sum(p.numel() for p in model.parameters()) > 0
+def test_every_model_builds_from_every_size_preset_with_that_sizes_layers(preset, model_id):
+    spec = resolve_run(model_id, "shapes", preset, [])
+    assert spec.model == MODELS[model_id].sizes[PRESETS[preset].size]
+    model = build_model(model_id, {"vocab_size": 50, "feature_dim": 64, "num_locations": 36, **spec.model})
+    width = next(v for k, v in spec.model.items() if k in ("embed_dim", "d_model"))
+    assert any(width in p.shape for p in model.parameters())  # the preset's width is the model's
+
+
+def test_a_recipe_is_its_own_model_and_refuses_another():
+    spec = resolve_run(None, "flickr8k:DIR", "sat-flickr8k", [])
+    assert spec.model_id == "sat" and spec.encoder.weights == SHIPPED and spec.train.xe.label_smoothing == 0.2
+    assert (spec.train.scst.epochs, spec.train.scst.lr, spec.train.scst.mirror_share) == (40, 5e-5, 0.5)
+    with pytest.raises(EdgecapError, match="recipe for --model sat"):
+        resolve_run("glied", "flickr8k:DIR", "sat-flickr8k", [])
 
 
 def test_overrides_are_checked_together_not_one_by_one():
-    # scst_samples=1 alone breaks the default mean baseline; with scst_baseline=greedy beside it the pair is valid
-    preset = apply_overrides(PRESETS["base"], ["train.scst_samples=1", "train.scst_baseline=greedy"], {})
-    assert (preset.train.scst_samples, preset.train.scst_baseline) == (1, "greedy")
-    with pytest.raises(EdgecapError, match="needs train.scst_samples >= 2"):
-        apply_overrides(PRESETS["base"], ["train.scst_samples=1"], {})
+    # scst.samples=1 alone breaks the default mean baseline; with scst.baseline=greedy beside it the pair is valid
+    preset = apply_overrides(PRESETS["base"], ["scst.samples=1", "scst.baseline=greedy"], {})
+    assert (preset.train.scst.samples, preset.train.scst.baseline) == (1, "greedy")
+    with pytest.raises(EdgecapError, match="needs scst.samples >= 2"):
+        apply_overrides(PRESETS["base"], ["scst.samples=1"], {})
+
+
+@pytest.mark.parametrize(("item", "named"), [("xe.lr=1", "xe has no field 'lr'"), ("optim=1", "SECTION.FIELD"),
+                                             ("loop.lr=1", "SECTION one of"), ("optim.lr=fast", "expected a float")])
+def test_a_bad_override_names_what_is_wrong(item, named):
+    with pytest.raises(EdgecapError, match=named):
+        apply_overrides(PRESETS["base"], [item], {})
+
+
+@pytest.mark.parametrize("field", ["feature_dim", "num_locations", "vocab_size"])
+def test_derived_model_fields_cannot_be_set(field):
+    assert field not in settable_fields("sat")
+    with pytest.raises(EdgecapError, match=f"no field '{field}'"):
+        resolve_run("sat", "shapes", "base", [f"model.{field}=7"])

@@ -96,7 +96,7 @@ def test_parity_refuses_a_reference_that_is_not_the_exported_checkpoint(tiny_exp
 @needs_scoring
 @pytest.mark.slow
 def test_int8_gate_leaves_out_the_photos_calibration_chose_layers_on_and_eval_says_so(int8_export, tmp_path):
-    heldout = set(Manifest.read(int8_export).quantization["heldout_image_ids"])
+    heldout = set(Manifest.read(int8_export).quantization.heldout_image_ids)
     dev = load_dataset("shapes").split("dev")[:60]
     chosen = sum(r.image_id in heldout for r in dev)
     assert 0 < chosen < 60

@@ -1,10 +1,10 @@
 """One-time on-disk cache of frozen-encoder grid features (fp16), so decoder epochs are fast on a CPU.
 
-A cache file is keyed by the image list, the encoder (and its weights file's content), the preprocessing and the
-view of the photos (``edgecap.data.views``: flipped, zoomed), so a change of any of them makes a new file instead of
-reusing stale features. It is filled in chunks with its progress recorded beside
-it: a killed run resumes where it stopped and only a finished file gets the final name. Runs started side by side
-on the same photos take turns on a lock file, so the second reads what the first wrote instead of both writing it.
+A cache file is keyed by the image list, the encoder (and its weights file's content), the preprocessing and whether
+the photos are flipped left-right, so a change of any of them makes a new file instead of reusing stale features. It
+is filled in chunks with its progress recorded beside it: a killed run resumes where it stopped and only a finished
+file gets the final name. Runs started side by side on the same photos take turns on a lock file, so the second
+reads what the first wrote instead of both writing it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from tqdm import tqdm
 from edgecap.cache import cache_root
 from edgecap.config import EncoderConfig
 from edgecap.data.records import ImageRecord
-from edgecap.data.views import View
 from edgecap.models.encoder import build_encoder, encoder_weights_file, grid_features
 from edgecap.preprocess import Preprocessing, load_images
 from edgecap.runtime.manifest import file_sha256
@@ -35,10 +34,10 @@ FEATURE_FIELDS = ("name", "image_size", "weights", "finetune", "channels")
 added later that does not change the features (a training option) must not rename every cache."""
 
 
-def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Preprocessing, view: View | None) -> str:
+def _cache_key(records: Sequence[ImageRecord], encoder: EncoderConfig, prep: Preprocessing, mirrored: bool) -> str:
     digest = hashlib.sha256()
     described = {"encoder": {name: getattr(encoder, name) for name in FEATURE_FIELDS}, "prep": asdict(prep),
-                 **(view.describe() if view else {})}
+                 **({"mirrored": True} if mirrored else {})}
     if encoder.weights:  # the file's content, not its name, decides what the features are
         described["weights_sha256"] = file_sha256(encoder_weights_file(encoder))
     digest.update(json.dumps(described, sort_keys=True).encode())
@@ -70,27 +69,27 @@ def _held(lock: Path) -> Iterator[None]:
 @torch.no_grad()
 def cached_features(records: Sequence[ImageRecord], encoder_config: EncoderConfig, prep: Preprocessing, *,
                     directory: Path | None = None, batch_size: int = 32, label: str = "features",
-                    view: View | None = None) -> np.ndarray:
+                    mirrored: bool = False) -> np.ndarray:
     """Grid features (len(records), L, C) as a read-only fp16 memmap, computing what is missing.
 
-    ``view`` encodes every photo flipped or zoomed: another view of the training photos that a frozen encoder
+    ``mirrored`` encodes every photo flipped left-right: another view of the training photos that a frozen encoder
     cannot produce from the first.
     """
     directory = directory or cache_root() / "features"
     directory.mkdir(parents=True, exist_ok=True)
-    key = _cache_key(records, encoder_config, prep, view)
-    final = directory / f"{encoder_config.name}-{prep.image_size}{f'-{view.name}' if view else ''}-{key}.npy"
+    key = _cache_key(records, encoder_config, prep, mirrored)
+    final = directory / f"{encoder_config.name}-{prep.image_size}{'-mirrored' if mirrored else ''}-{key}.npy"
     if not final.exists():
         lock = final.with_suffix(".lock")
         with _held(lock):
             if not final.exists():  # another run may have finished it while this one waited
-                _fill(final, records, encoder_config, prep, batch_size, label, view)
+                _fill(final, records, encoder_config, prep, batch_size, label, mirrored)
                 lock.unlink(missing_ok=True)  # runs still waiting on it find the finished file when they wake
     return np.load(final, mmap_mode="r")
 
 
 def _fill(final: Path, records: Sequence[ImageRecord], encoder_config: EncoderConfig, prep: Preprocessing,
-          batch_size: int, label: str, view: View | None) -> None:
+          batch_size: int, label: str, mirrored: bool) -> None:
     partial, progress = final.with_suffix(".partial.npy"), final.with_suffix(".progress")
     encoder = build_encoder(encoder_config).eval()
     done = int(progress.read_text()) if progress.exists() and partial.exists() else 0
@@ -103,8 +102,8 @@ def _fill(final: Path, records: Sequence[ImageRecord], encoder_config: EncoderCo
         for start in range(done, len(records), batch_size):
             chunk = records[start:start + batch_size]
             pixels = torch.from_numpy(load_images([r.path for r in chunk], prep))
-            if view:
-                pixels = view.apply(pixels)
+            if mirrored:
+                pixels = pixels.flip(-1)
             out[start:start + len(chunk)] = grid_features(encoder, pixels).numpy().astype(np.float16)
             out.flush()
             progress.write_text(str(start + len(chunk)))

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from edgecap.errors import DataError
 
+SPLITS = ("train", "dev", "test")
+
 
 @dataclass(frozen=True)
 class ImageRecord:

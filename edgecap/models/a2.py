@@ -45,6 +45,7 @@ from torch import nn
 
 from edgecap import spec
 from edgecap.models.attention import CachedSelfAttention, EncoderLayer, FeedForward, MultiHeadAttention, sinusoids
+from edgecap.models.output import DecoderOutput
 from edgecap.vocab import PAD
 
 ALIGNMENTS = ("gate", "max", "moving_average", "exponential", "none")
@@ -238,7 +239,7 @@ class A2(nn.Module):
                                                          position)
         return logprobs, {spec.STATE_KV: kv}, attention
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> DecoderOutput:
         """Teacher forcing: features (B, L, C), tokens (B, T) starting with bos.
 
         Returns ``logprobs`` (B, T, V) and ``attention`` (B, T, L) (the last layer's α^a, mean over heads); in
@@ -249,10 +250,9 @@ class A2(nn.Module):
         memory, _ = self.prepare(features)
         cross_kv = memory[spec.MEMORY_CROSS_KV]
         logprobs, attention, _ = self.text_decoder(tokens, cross_kv)
-        out = {"logprobs": logprobs, "attention": attention}
-        if self.training and self.config.alignment != "none":
-            out["auxiliary_loss"] = self.mask_objective(tokens, cross_kv)
-        return out
+        aligned = self.training and self.config.alignment != "none"
+        return DecoderOutput(logprobs, attention,
+                             auxiliary_loss=self.mask_objective(tokens, cross_kv) if aligned else None)
 
     def mask_objective(self, tokens: torch.Tensor, cross_kv: torch.Tensor) -> torch.Tensor:
         """−L_IC(α^p) + λ‖1 − m‖², differentiable in the mask networks' parameters only (module docstring)."""

@@ -175,8 +175,8 @@ class SmallCNN(nn.Module):
 
 
 def encoder_weights_file(config: EncoderConfig) -> Path:
-    """``config.weights`` as an existing file, or a ModelError naming it."""
-    path = Path(config.weights)
+    """The file ``config.weights`` names (``shipped``: the shipped default model), or a ModelError naming it."""
+    path = config.weights_file()
     if not path.is_file():
         raise ModelError(f"'{path}': no such encoder weights file; pass --set encoder.weights=PATH to an existing "
                          "state dict or edgecap checkpoint")

@@ -55,6 +55,7 @@ from torch import nn
 from edgecap import spec
 from edgecap.errors import ModelError
 from edgecap.models.attention import CachedSelfAttention, EncoderLayer, FeedForward, MultiHeadAttention, sinusoids
+from edgecap.models.output import DecoderOutput
 from edgecap.vocab import SPECIALS
 
 VARIANTS = ("glied", "base")
@@ -242,7 +243,7 @@ class GLIED(nn.Module):
         logprobs, attention, cache = self._decode(h, memory, state[spec.STATE_KV], position)
         return logprobs[:, 0], {spec.STATE_KV: cache}, attention[:, 0]
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> DecoderOutput:
         """Teacher forcing: features (B, L, C), tokens (B, T) starting with bos.
 
         Returns ``logprobs`` (B, T, V), ``attention`` (B, T, L) over regions (last layer, head mean) and
@@ -256,4 +257,4 @@ class GLIED(nn.Module):
         words = evidence.new_zeros(tokens.shape[0], self.config.vocab_size).scatter_(1, tokens, 1.0)
         present = words[:, FIRST_ATTRIBUTE:FIRST_ATTRIBUTE + evidence.shape[1]]
         mil = self.config.mil_weight * AttributeHead.loss(evidence, present)
-        return {"logprobs": logprobs, "attention": attention, "auxiliary_loss": mil}
+        return DecoderOutput(logprobs, attention, auxiliary_loss=mil)

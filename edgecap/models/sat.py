@@ -7,12 +7,13 @@ by one word; ``forward`` is the teacher-forced equivalent used for training.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from edgecap import spec
+from edgecap.models.output import DecoderOutput
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,6 @@ class SATConfig:
     hidden_dim: int = 512  # LSTM h and c
     att_dim: int = 512  # hidden size of the f_att MLP
     dropout: float = 0.5  # on h_t before the deep output layer
-    feature_dropout: float = 0.0  # on the annotation vectors a_i while training (frozen features overfit)
     gate: bool = True  # the paper's gating scalar beta_t = sigmoid(f_beta(h_{t-1}))
     attention: str = "soft"  # "soft" (deterministic) or "hard" (REINFORCE-trained; inference is soft)
 
@@ -58,7 +58,6 @@ class SAT(nn.Module):
         self.f_beta = nn.Linear(c.hidden_dim, 1) if c.gate else None
         self.lstm = nn.LSTMCell(c.embed_dim + d, c.hidden_dim)
         self.dropout = nn.Dropout(c.dropout)
-        self.feature_dropout = nn.Dropout(c.feature_dropout)
         self.out_h = nn.Linear(c.hidden_dim, c.embed_dim)  # L_h
         self.out_z = nn.Linear(d, c.embed_dim)  # L_z
         self.out = nn.Linear(c.embed_dim, c.vocab_size)  # L_o
@@ -67,7 +66,6 @@ class SAT(nn.Module):
         """Grid features (N, L, C) -> (memory, initial state), named as in ``edgecap.spec``."""
         if self.annotate is not None:
             features = torch.relu(self.annotate(features))
-        features = self.feature_dropout(features)
         mean = features.mean(dim=1)
         memory = {spec.MEMORY_FEATURES: features, spec.MEMORY_ATT_PROJ: self.attention.feature_proj(features)}
         state = {spec.STATE_H: torch.tanh(self.init_h(mean)), spec.STATE_C: torch.tanh(self.init_c(mean))}
@@ -100,10 +98,10 @@ class SAT(nn.Module):
         return torch.log_softmax(logits, dim=-1), {spec.STATE_H: h, spec.STATE_C: c}, alpha
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, *, hard: bool = False,
-                expected: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                expected: torch.Tensor | None = None) -> DecoderOutput:
         """Teacher forcing: features (B, L, D), tokens (B, T) starting with bos.
 
-        Returns ``logprobs`` (B, T, V) and ``alpha`` (B, T, L); with ``hard`` the
+        Returns ``logprobs`` (B, T, V) and ``attention`` α (B, T, L); with ``hard`` the
         context is one sampled location a_s, and ``location_logprob`` (B, T) and
         ``entropy`` (B, T) feed the REINFORCE update of the paper's hard attention.
         ``expected`` (B,) bool marks rows that take the expected context instead, as
@@ -134,8 +132,7 @@ class SAT(nn.Module):
             logits, h, c = self._advance(embedded[:, t], z, h, c)
             logprobs.append(torch.log_softmax(logits, dim=-1))
             alphas.append(alpha)
-        out = {"logprobs": torch.stack(logprobs, 1), "alpha": torch.stack(alphas, 1)}
-        if hard:
-            out["location_logprob"] = torch.stack(location_logprobs, 1)
-            out["entropy"] = torch.stack(entropies, 1)
-        return out
+        out = DecoderOutput(torch.stack(logprobs, 1), torch.stack(alphas, 1), doubly_stochastic=True)
+        if not hard:
+            return out
+        return replace(out, location_logprob=torch.stack(location_logprobs, 1), entropy=torch.stack(entropies, 1))

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from edgecap import spec
+from edgecap.models.output import DecoderOutput
 
 MEMORY_SPATIAL = "memory.spatial_proj"  # float32 [N, A, side, side]: Conv_V(V), the image half of the first k x k conv
 MEMORY_CHANNEL = "memory.channel_proj"  # float32 [N, R]: W_1V avgpool(V) + b, the image half of the channel squeeze
@@ -187,11 +188,11 @@ class SPCA(nn.Module):
         logits, state, attention = self._advance(self.embed(tokens), state, memory)
         return torch.log_softmax(logits, dim=-1), state, attention
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> DecoderOutput:
         """Teacher forcing: features (B, L, C), tokens (B, T) starting with bos.
 
-        Returns ``logprobs`` (B, T, V) and ``attention`` (B, T, L). The map is a sigmoid, not a softmax, so it is
-        not called ``alpha``: the trainer's doubly stochastic regulariser assumes rows that sum to one.
+        Returns ``logprobs`` (B, T, V) and ``attention`` (B, T, L). The map is a sigmoid, not a softmax, so the
+        doubly stochastic regulariser, which assumes rows that sum to one, leaves it alone.
         """
         memory, state = self.prepare(features)
         embedded = self.embed(tokens)
@@ -200,4 +201,4 @@ class SPCA(nn.Module):
             logits, state, attention = self._advance(embedded[:, t], state, memory)
             logprobs.append(torch.log_softmax(logits, dim=-1))
             attentions.append(attention)
-        return {"logprobs": torch.stack(logprobs, 1), "attention": torch.stack(attentions, 1)}
+        return DecoderOutput(torch.stack(logprobs, 1), torch.stack(attentions, 1))

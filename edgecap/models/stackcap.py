@@ -18,6 +18,7 @@ from torch import nn
 
 from edgecap import spec
 from edgecap.errors import ModelError
+from edgecap.models.output import DecoderOutput
 from edgecap.models.sat import SoftAttention
 
 MEMORY_MEAN = "memory.mean_feature"  # float32 [N, D]: f(V), the mean annotation vector the coarse stage reads
@@ -129,12 +130,12 @@ class StackCap(nn.Module):
         logits, hc, alpha = self._advance(self.embed(tokens), self._unpack(state), memory, every_stage=True)
         return [torch.log_softmax(x, dim=-1) for x in logits], self._pack(hc), alpha
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> dict:
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> DecoderOutput:
         """Teacher forcing: features (B, L, C), tokens (B, T) starting with bos.
 
         Returns ``logprobs`` (B, T, V) of the last stage, ``stage_logprobs`` (the
         earlier stages' (B, T, V), coarse first; the trainer adds their XE) and the
-        last stage's attention ``alpha`` (B, T, L).
+        last stage's soft attention (B, T, L).
         """
         memory, state = self.prepare(features)
         hc = self._unpack(state)
@@ -146,4 +147,5 @@ class StackCap(nn.Module):
                 collected.append(x)
             alphas.append(alpha)
         stages = [torch.log_softmax(torch.stack(x, 1), dim=-1) for x in logits]
-        return {"logprobs": stages[-1], "stage_logprobs": stages[:-1], "alpha": torch.stack(alphas, 1)}
+        return DecoderOutput(stages[-1], torch.stack(alphas, 1), doubly_stochastic=True,
+                             stage_logprobs=tuple(stages[:-1]))

@@ -12,7 +12,6 @@ import torch
 from edgecap.config import EncoderConfig
 from edgecap.data.features import cached_features
 from edgecap.data.records import ImageRecord
-from edgecap.data.views import View
 from edgecap.models.caption_model import CaptionModel
 from edgecap.preprocess import Preprocessing, load_images
 from edgecap.vocab import BOS, EOS, PAD, Vocab, tokenize
@@ -80,47 +79,45 @@ def mirrored_id(image_id: str) -> str:
 class ImageFeatures:
     """Grid features of a split: from the fp16 disk cache when the encoder is frozen, else computed per batch.
 
-    ``views`` (``edgecap.data.views``) are the other views ``get`` can return: one more cache each for a frozen
-    encoder, transformed pixels for a trained one.
+    With ``mirrored``, ``get`` can also return rows of the photos flipped left-right: one more cache for a frozen
+    encoder, flipped pixels for a trained one.
     """
 
-    def __init__(self, records: Sequence[ImageRecord], captioner: CaptionModel, encoder_config: EncoderConfig,
-                 prep: Preprocessing, *, cache_dir: Path | None, label: str, views: Sequence[View] = ()):
+    def __init__(self, records: Sequence[ImageRecord], model: CaptionModel, encoder_config: EncoderConfig,
+                 prep: Preprocessing, *, cache_dir: Path | None, label: str, mirrored: bool = False):
         self.records = records
-        self.captioner = captioner
+        self.model = model
         self.prep = prep
-        self.views = tuple(views)
-        self.cached: dict[View | None, np.ndarray] = {}
+        self.mirrored = mirrored
+        self.cached: dict[bool, np.ndarray] = {}
         if not encoder_config.finetune:
-            self.cached = {view: cached_features(records, encoder_config, prep, directory=cache_dir,
-                                                 label=f"{label} ({view.name})" if view else label, view=view)
-                           for view in (None, *self.views)}
+            self.cached = {flip: cached_features(records, encoder_config, prep, directory=cache_dir,
+                                                 label=f"{label} (mirrored)" if flip else label, mirrored=flip)
+                           for flip in ((False, True) if mirrored else (False,))}
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def get(self, indices: np.ndarray, views: Sequence[View | None] | None = None) -> torch.Tensor:
-        """(len(indices), L, C) float32 on the captioner's device; differentiable through a fine-tuned encoder.
+    def get(self, indices: np.ndarray, flipped: np.ndarray | None = None) -> torch.Tensor:
+        """(len(indices), L, C) float32 on the model's device; differentiable through a fine-tuned encoder.
 
-        ``views`` (one per index, None for the photo itself) picks the view of each row.
+        ``flipped`` (bool, one per index) picks the rows taken from the flipped photo.
         """
-        device = next(self.captioner.parameters()).device
-        views = list(views) if views is not None else [None] * len(indices)
-        missing = {view.name for view in views if view is not None and view not in self.views}
-        if missing:
-            raise ValueError(f"views {sorted(missing)} were asked for, but this split was built without them")
-        groups = {view: np.array([v == view for v in views]) for view in set(views)}
+        device = next(self.model.parameters()).device
+        flipped = np.zeros(len(indices), bool) if flipped is None else np.asarray(flipped, bool)
+        if flipped.any() and not self.mirrored:
+            raise ValueError("mirrored rows were asked for, but this split was built without the mirrored photos")
         if self.cached:
-            rows = np.empty((len(indices), *self.cached[None].shape[1:]), np.float32)  # each row read once
-            for view, chosen in groups.items():
-                rows[chosen] = _gather(self.cached[view], indices[chosen])
+            rows = np.empty((len(indices), *self.cached[False].shape[1:]), np.float32)  # each row read once
+            for flip in (False, True):
+                chosen = flipped == flip
+                if chosen.any():
+                    rows[chosen] = _gather(self.cached[flip], indices[chosen])
             return torch.from_numpy(rows).to(device)
         pixels = torch.from_numpy(load_images([self.records[i].path for i in indices], self.prep))
-        for view, chosen in groups.items():
-            if view is not None:
-                rows = torch.from_numpy(chosen)
-                pixels[rows] = view.apply(pixels[rows])
-        return self.captioner.encode(pixels.to(device))
+        chosen = torch.from_numpy(flipped)
+        pixels[chosen] = pixels[chosen].flip(-1)
+        return self.model.encode(pixels.to(device))
 
 
 def _gather(cache: np.ndarray, indices: np.ndarray) -> np.ndarray:

@@ -64,12 +64,12 @@ def check_world_size(world_size: int, cfg: TrainConfig) -> None:
     """Every rank needs at least one row of every global batch, and a GPU of its own under CUDA."""
     if world_size < 1:
         raise EdgecapError(f"--nproc {world_size}: expected 1 or more processes")
-    if world_size > cfg.batch_size:
-        raise EdgecapError(f"{world_size} processes but train.batch_size={cfg.batch_size}: each process takes a "
+    if world_size > cfg.xe.batch_size:
+        raise EdgecapError(f"{world_size} processes but xe.batch_size={cfg.xe.batch_size}: each process takes a "
                            "slice of every global batch, so use at most batch_size processes")
-    if cfg.scst_epochs and world_size > cfg.scst_batch_images:
-        raise EdgecapError(f"{world_size} processes but train.scst_batch_images={cfg.scst_batch_images}: each "
-                           "process takes a slice of every global batch, so use at most scst_batch_images processes")
+    if cfg.scst.epochs and world_size > cfg.scst.batch_images:
+        raise EdgecapError(f"{world_size} processes but scst.batch_images={cfg.scst.batch_images}: each process "
+                           "takes a slice of every global batch, so use at most batch_images processes")
     if world_size > 1 and torch.cuda.is_available() and world_size > torch.cuda.device_count():
         raise EdgecapError(f"{world_size} processes but {torch.cuda.device_count()} GPUs: one GPU per process")
 

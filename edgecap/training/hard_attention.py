@@ -1,30 +1,34 @@
-"""The per-caption baseline of hard attention's REINFORCE term (Show, Attend and Tell, section 4.1)."""
+"""REINFORCE for Show, Attend and Tell's stochastic hard attention (Xu et al. 2015, section 4.1).
+
+The paper adds lambda_r (log p(y|s,a) - b) dlog p(s|a) and lambda_e dH[s] to each caption's dlog p(y|s,a), with b a
+moving average of log p(y|s,a). Here the likelihood term is a mean over tokens, so these terms are too (per caption
+they would outweigh it by the caption's length). REINFORCE acts on the rows that sampled a location; the rows that
+took the expected context train as soft attention, and b follows the sampled rows only.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from edgecap.vocab import PAD
+from edgecap.config import HardAttentionConfig
+from edgecap.models.output import DecoderOutput
+from edgecap.training.distributed import global_sum
 
 
-def caption_logprob(logprobs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """log p(y) of each row's caption: its words' log-probabilities (B, T, V) summed over the non-pad targets."""
-    words = logprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    return (words * (target != PAD)).sum(1)
+def hard_attention_loss(out: DecoderOutput, nll: torch.Tensor, mask: torch.Tensor, sampled: torch.Tensor, *,
+                        baseline: float, cfg: HardAttentionConfig,
+                        n_tokens: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """(the REINFORCE and entropy terms to add to the loss, the moving baseline updated with this batch).
 
-
-@torch.no_grad()
-def expected_context_logprob(decoder: torch.nn.Module, features: torch.Tensor, tokens: torch.Tensor,
-                             sampled: torch.Tensor) -> torch.Tensor:
-    """log p(y | a) of each sampled row's caption decoded with the expected context; 0 on the other rows.
-
-    The paper's moving-average baseline follows the mean log-likelihood over captions, so its advantage
-    log p(y | s, a) - b mostly says how long and how hard a caption is (a spread of about 17 nats on
-    Flickr8k), not whether the sampled locations helped. The same caption under the expected context
-    knows its length and words, and costs one teacher-forced pass without gradients over the sampled rows.
+    nll, mask (B, T) of the words; sampled (B,) bool: the rows whose context was a sampled location.
     """
-    baseline = torch.zeros(len(tokens), device=tokens.device)
-    if sampled.any():
-        out = decoder(features[sampled], tokens[sampled, :-1])
-        baseline[sampled] = caption_logprob(out["logprobs"], tokens[sampled, 1:])
-    return baseline
+    caption_logprob = -(nll * mask).sum(1).detach()
+    n_sampled = float(global_sum(sampled.float().sum()))
+    updated = baseline
+    if n_sampled:
+        batch_mean = float(global_sum((caption_logprob * sampled.float()).sum())) / n_sampled
+        updated = cfg.baseline_decay * baseline + (1 - cfg.baseline_decay) * batch_mean
+    location_logprob = (out.location_logprob * mask).sum(1)
+    entropy = (out.entropy * mask).sum(1)
+    reinforce = ((caption_logprob - baseline) * location_logprob).sum()
+    return -(cfg.reinforce_weight * reinforce + cfg.entropy * entropy.sum()) / n_tokens, updated

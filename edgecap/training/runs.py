@@ -1,17 +1,21 @@
-"""What defines a run: the spec resolved from a preset and overrides for a new run, or read back from the run's
-``config.json`` (with the few changes a resumed run may take) for ``--resume``."""
+"""What defines a run and what may change when it goes on: the spec resolved from a preset and overrides for a new
+run, read back from the run's ``config.json`` for ``--resume``, and how a finished run reopens."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from edgecap.checkpoint import read_checkpoint
-from edgecap.config import EncoderConfig, Preset, TrainConfig, apply_overrides, preset_for
+from edgecap.config import PRESETS, EncoderConfig, Preset, TrainConfig, apply_overrides
 from edgecap.errors import ModelError
-from edgecap.models import MODELS
+from edgecap.models import entry, settable_fields
+from edgecap.training.state import TrainState
+
+DEFAULT_MODEL_ID = "sat"
 
 
 @dataclass(frozen=True)
@@ -24,54 +28,97 @@ class RunSpec:
     train: TrainConfig
     model: dict
 
+    def to_json(self) -> dict:
+        return asdict(self)
 
-def resolve_run(model_id: str, data: str, preset: str, overrides: list[str]) -> RunSpec:
-    if model_id not in MODELS:
-        raise ModelError(f"unknown model '{model_id}'; choose one of {', '.join(MODELS)}")
-    chosen: Preset = apply_overrides(preset_for(preset, model_id), overrides, _model_defaults(model_id))
-    return RunSpec(model_id, data, chosen.encoder, chosen.train, chosen.model)
+    @classmethod
+    def read(cls, run_dir: Path) -> RunSpec:
+        path = run_dir / "config.json"
+        try:
+            saved = json.loads(path.read_text())
+            return cls(saved["model_id"], saved["data"], EncoderConfig(**saved["encoder"]),
+                       TrainConfig.from_json(saved["train"]), saved["model"])
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ModelError(f"{path}: not a config.json this edgecap can resume ({type(err).__name__}: {err}); "
+                             "start a new run with --out") from None
 
-
-def _model_defaults(model_id: str) -> dict[str, object]:
-    """The model config's fields and defaults, against which ``model.FIELD`` overrides are checked."""
-    return {f.name: f.default for f in fields(MODELS[model_id][0]) if f.name != "vocab_size"}
-
-
-def _changed_keys(before: Preset, after: Preset, model_defaults: dict[str, object]) -> list[str]:
-    """``SECTION.FIELD`` of every value that differs between two presets (model fields at their defaults count)."""
-    changed = [f"{section}.{name}" for section in ("encoder", "train")
-               for name, value in asdict(getattr(before, section)).items()
-               if getattr(getattr(after, section), name) != value]
-    model_before, model_after = {**model_defaults, **before.model}, {**model_defaults, **after.model}
-    return changed + [f"model.{name}" for name, value in model_after.items() if model_before[name] != value]
+    def as_preset(self) -> Preset:
+        return Preset("", self.encoder, self.train, model=dict(self.model))
 
 
-RESUMABLE_FIELDS = ("epochs", "scst_epochs", "patience", "scst_lr", "scst_mirror_share", "scst_zoom_share",
-                    "max_steps")
-"""The train fields a resumed run may change: how long each phase goes on, and the self-critical phase's rate and
-the shares of its views. Every other field already shaped the checkpoints the run has written."""
+def resolve_run(model_id: str | None, data: str, preset: str, overrides: Sequence[str]) -> RunSpec:
+    """The spec of a new run: ``preset`` (its recipe's model when ``model_id`` is None) with ``overrides``."""
+    chosen = PRESETS[preset]
+    if chosen.model_id and model_id and model_id != chosen.model_id:
+        raise ModelError(f"--preset {preset} is a recipe for --model {chosen.model_id}, not {model_id}; drop "
+                         "--model, or start from --preset base")
+    model_id = model_id or chosen.model_id or DEFAULT_MODEL_ID
+    sized = replace(chosen, model={**entry(model_id).sizes[chosen.size], **chosen.model})
+    resolved = apply_overrides(sized, list(overrides), settable_fields(model_id))
+    return RunSpec(model_id, data, resolved.encoder, resolved.train, resolved.model)
+
+
+RESUMABLE = ("xe.epochs", "xe.max_steps", "scst.epochs", "scst.lr", "scst.mirror_share", "select.patience")
+"""What a resumed run may change: how long each phase goes on, and the self-critical phase's rate and mirrored share.
+Everything else already shaped the checkpoints the run has written."""
+
+
+def _changed_keys(before: RunSpec, after: RunSpec) -> list[str]:
+    """``SECTION.FIELD`` of every value that differs between two specs."""
+    def flat(spec: RunSpec) -> dict[str, object]:
+        train = asdict(spec.train)
+        groups = {f"{group}.{k}": v for group in ("optim", "xe", "scst", "hard", "select")
+                  for k, v in train.pop(group).items()}
+        return {**{f"encoder.{k}": v for k, v in asdict(spec.encoder).items()}, **groups,
+                **{f"train.{k}": v for k, v in train.items()}, **{f"model.{k}": v for k, v in spec.model.items()}}
+
+    old, new = flat(before), flat(after)
+    defaults = {f"model.{k}": v for k, v in settable_fields(before.model_id).items()}
+    return sorted(k for k in old.keys() | new.keys() if old.get(k, defaults.get(k)) != new.get(k, defaults.get(k)))
 
 
 def run_spec(*, run_dir: Path, spec: RunSpec | None, resume: bool, changes: Sequence[str] = ()) -> RunSpec:
     """The spec a run uses: config.json's with ``changes`` applied when resuming, else ``spec``; refuses a bad
     --resume or --out, and a change that only a new run can make (a change that repeats config.json is none)."""
-    if resume:
-        if not (run_dir / "last.pt").exists():
-            raise ModelError(f"{run_dir}: nothing to resume (no last.pt); drop --resume to start a new run")
-        if "train_state" not in read_checkpoint(run_dir / "last.pt"):
-            raise ModelError(f"{run_dir / 'last.pt'}: weights without training state (a best.pt copy?), so it "
-                             "cannot be resumed; put the run's own last.pt back or start a new run with --out")
-        saved = json.loads((run_dir / "config.json").read_text())
-        defaults = _model_defaults(saved["model_id"])
-        kept = Preset(EncoderConfig(**saved["encoder"]), TrainConfig(**saved["train"]), saved["model"])
-        resumed = apply_overrides(kept, list(changes), defaults)
-        allowed = [f"train.{field}" for field in RESUMABLE_FIELDS]
-        refused = [key for key in _changed_keys(kept, resumed, defaults) if key not in allowed]
-        if refused:
-            raise ModelError(f"{run_dir}: --resume cannot change {', '.join(refused)}, since the run's checkpoints "
-                             f"were trained with its config.json; it may change {', '.join(allowed)} (start a new "
-                             "run with --out for anything else)")
-        return RunSpec(saved["model_id"], saved["data"], resumed.encoder, resumed.train, resumed.model)
-    if (run_dir / "last.pt").exists():
-        raise ModelError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
-    return spec
+    if not resume:
+        if (run_dir / "last.pt").exists():
+            raise ModelError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
+        return spec
+    if not (run_dir / "last.pt").exists():
+        raise ModelError(f"{run_dir}: nothing to resume (no last.pt); drop --resume to start a new run")
+    if "train_state" not in read_checkpoint(run_dir / "last.pt"):
+        raise ModelError(f"{run_dir / 'last.pt'}: weights without training state (a best.pt copy?), so it cannot "
+                         "be resumed; put the run's own last.pt back or start a new run with --out")
+    saved = RunSpec.read(run_dir)
+    resumed = apply_overrides(saved.as_preset(), list(changes), settable_fields(saved.model_id))
+    after = RunSpec(saved.model_id, saved.data, resumed.encoder, resumed.train, resumed.model)
+    refused = [key for key in _changed_keys(saved, after) if key not in RESUMABLE]
+    if refused:
+        raise ModelError(f"{run_dir}: --resume cannot change {', '.join(refused)}, since the run's checkpoints were "
+                         f"trained with its config.json; it may change {', '.join(RESUMABLE)} (start a new run with "
+                         "--out for anything else)")
+    return after
+
+
+def write_run_files(run_dir: Path, spec: RunSpec) -> None:
+    """config.json (the resolved spec) and the command line appended to command.txt."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(spec.to_json(), indent=2))
+    with open(run_dir / "command.txt", "a") as f:
+        f.write(" ".join(sys.argv) + "\n")
+
+
+def reopen(state: TrainState, cfg: TrainConfig, last_phase: str) -> str:
+    """A finished run continues when config.json was given more epochs since: a self-critical phase added after
+    cross-entropy starts (after any cross-entropy epochs added too), else the last phase goes on with a fresh
+    patience. Updates ``state`` and returns the line to tell the user."""
+    limit = cfg.scst.epochs if last_phase == "scst" else cfg.xe.epochs
+    if last_phase == "xe" and cfg.scst.epochs:
+        state.phase = "xe"  # the run moves on to self-critical training once cross-entropy is over
+    elif state.epoch < limit:
+        state.phase, state.bad_epochs = last_phase, 0
+    limits = f"xe.epochs={cfg.xe.epochs}, scst.epochs={cfg.scst.epochs}"
+    if state.phase == "done":
+        return (f"already finished ({limits}); more epochs continue it, e.g. --resume --scst-epochs N or --resume "
+                "--set xe.epochs=N")
+    return f"reopening the finished run ({limits})"

@@ -71,8 +71,8 @@ def test_export_with_bias_correction_records_it_and_drifts_less(tiny_export, int
     assert code == 0, output
     assert "int8 (tensorrt, max, bias-corrected): ΔCIDEr" in output
     q = Manifest.read(out).quantization
-    assert q["bias_correction"] is True and "delta_cider_before_bias_correction" in q
-    assert Manifest.read(int8_export).quantization["bias_correction"] is False
+    assert q.bias_correction is True and q.delta_cider_before_bias_correction is not None
+    assert Manifest.read(int8_export).quantization.bias_correction is False
 
     feeds = load_encoder_feeds(out / "calib" / "encoder.npz")
     plain = _encoder_drift(int8_export, feeds)

@@ -8,7 +8,7 @@ import pytest
 
 from tests.without_torch import run_without_torch
 
-CALIBRATION = dict(calibration_images=48, heldout_images=24, method="max", progress=False)
+CALIBRATION = dict(data="shapes", images=48, heldout=24, method="max")
 
 
 def _fresh_copy(tiny_export, target):
@@ -25,22 +25,26 @@ def test_int8_export_without_calibration_data_is_a_one_line_error(tmp_path):
 
 def test_held_out_photos_come_from_another_split_than_the_calibration_photos():
     from edgecap.calib.build import calibration_draw
+    from edgecap.calib.options import Int8Options
     from edgecap.data.records import CaptionDataset, ImageRecord
     from edgecap.errors import DataError
 
     def records(split, n):
         return tuple(ImageRecord(f"{split}{i}", Path(f"/photos/{split}{i}.jpg"), ("a photo",)) for i in range(n))
 
+    def draw(split):
+        return calibration_draw(data, Int8Options(data="toy", images=10, heldout=8, heldout_split=split))
+
     data = CaptionDataset("toy", "toy:here", {"train": records("train", 50), "dev": records("dev", 20)})
-    calibration, heldout = calibration_draw(data, 10, 8, "dev")
+    calibration, heldout = draw("dev")
     assert len(calibration) == 10 and {r.image_id[:5] for r in calibration} == {"train"}
     assert len({r.image_id for r in heldout}) == 8 and {r.image_id[:3] for r in heldout} == {"dev"}
-    assert calibration_draw(data, 10, 8, "dev") == (calibration, heldout)  # seeded: a rebuild draws the same
-    calibration, heldout = calibration_draw(data, 10, 8, "train")
+    assert draw("dev") == (calibration, heldout)  # seeded: a rebuild draws the same
+    calibration, heldout = draw("train")
     assert {r.image_id[:5] for r in calibration + heldout} == {"train"}
     assert not {r.image_id for r in calibration} & {r.image_id for r in heldout}
     with pytest.raises(DataError, match="toy:here: no 'test' split .* --calib-heldout-split"):
-        calibration_draw(data, 10, 8, "test")
+        draw("test")
 
 
 def _initializers(model):
@@ -56,8 +60,10 @@ def test_int8_graphs_are_symmetric_qdq_with_per_channel_weights(int8_export, gra
     from edgecap.runtime.manifest import Manifest
 
     manifest = Manifest.read(int8_export)
-    assert manifest.graphs["int8"][graph] == manifest.quantization[graph]["file"] == f"{graph}.int8.onnx"
+    report = manifest.quantization.graph(graph)
+    assert manifest.graphs["int8"][graph] == report.file == f"{graph}.int8.onnx"
     assert graph_problems(int8_export / f"{graph}.int8.onnx", "int8") == []  # the checker `export --trt` runs
+    assert 0 < report.int8_layers == report.layers and report.qdq_nodes > 2 * report.int8_layers  # every layer INT8
 
 
 def _top1_agreement(directory, images) -> float:
@@ -125,7 +131,7 @@ def test_ort_cpu_scheme_writes_uint8_activations_that_caption(int8_export, tmp_p
 def test_saved_feeds_reproduce_the_ranges(int8_export):
     from onnxruntime.quantization import load_tensors_data
 
-    from edgecap.calib.build import DEFAULT_OP_TYPES
+    from edgecap.calib.build import OP_TYPES
     from edgecap.calib.feeds import load_encoder_feeds, load_step_feeds
     from edgecap.calib.ranges import compute_ranges
     from edgecap.runtime.backends.ort import OrtBackend
@@ -142,7 +148,7 @@ def test_saved_feeds_reproduce_the_ranges(int8_export):
         [cached] = calib.glob(f"{graph}.max.*.json")
         saved = load_tensors_data(cached)
         again = compute_ranges(int8_export / f"{graph}.onnx", feeds[graph], method="max",
-                               op_types=DEFAULT_OP_TYPES[graph])
+                               op_types=OP_TYPES[graph])
         assert set(again.data) == set(saved.data)
         for name, data in again.data.items():
             np.testing.assert_array_equal(data.range_value, saved.data[name].range_value, err_msg=name)
@@ -153,18 +159,20 @@ def test_an_impossible_threshold_keeps_layers_fp32_and_says_so(tiny_export, tmp_
     import onnx
 
     from edgecap.calib.build import add_int8
+    from edgecap.calib.options import Int8Options
     from edgecap.data import load_dataset
     from edgecap.runtime.manifest import Manifest
 
     directory = _fresh_copy(tiny_export, tmp_path / "exp")
-    manifest = add_int8(directory, Manifest.read(directory), load_dataset("shapes"), threshold=-1.0, max_layers=2,
-                        **CALIBRATION)
+    options = Int8Options(max_delta=-1.0, max_layers=2, **CALIBRATION)
+    manifest = add_int8(directory, Manifest.read(directory), load_dataset("shapes"), options, progress=False)
     q = manifest.quantization
-    assert q["threshold_met"] is False and q["layers_tried"] == 2
-    kept = {graph: q[graph]["kept_fp32"] for graph in ("encoder", "step")}
+    assert q.threshold_met is False and q.layers_tried == 2
+    kept = {graph: q.graph(graph).kept_fp32 for graph in ("encoder", "step")}
     assert sum(map(len, kept.values())) == 2
+    assert sum(q.graph(g).layers - q.graph(g).int8_layers for g in kept) == 2  # counted: exactly those run float
     for graph, layers in kept.items():
-        model = onnx.load(str(directory / q[graph]["file"]))
+        model = onnx.load(str(directory / q.graph(graph).file))
         producer = {out: node.op_type for node in model.graph.node for out in node.output}
         for node in model.graph.node:
             if node.name in layers:
@@ -175,24 +183,33 @@ def test_an_impossible_threshold_keeps_layers_fp32_and_says_so(tiny_export, tmp_
 
 def test_export_says_when_the_heldout_estimate_cannot_resolve_the_threshold(tmp_path):
     """On Flickr8k, 300 held-out photos put ±1.2 on ΔCIDEr: exports measured +0.1 there and -1.9 in parity."""
-    from edgecap.cli import _int8_summary
+    from dataclasses import replace
 
-    graph = {"quantized": True, "ort_cpu_speedup": 2.0, "kept_fp32": []}
-    q = {"scheme": "ort-cpu", "method": "max", "delta_cider": 0.11, "delta_cider_se": 1.18, "heldout_images": 300,
-         "heldout_split": "dev", "threshold": 1.0, "threshold_met": True, "layers_tried": 0,
-         "encoder": graph, "step": graph}
-    noisy = _int8_summary(q, tmp_path / "exp")
-    assert len(noisy) == 2 and "± 2.31" in noisy[1] and f"edgecap parity {tmp_path / 'exp'} " in noisy[1]
-    assert len(_int8_summary({**q, "delta_cider_se": 0.41}, tmp_path / "exp")) == 1
-    failed = _int8_summary({**q, "delta_cider": -1.9, "threshold_met": False, "layers_tried": 12}, tmp_path / "exp")
-    assert len(failed) == 2 and failed[1].startswith("warning:")
+    from edgecap.report import int8_summary
+    from edgecap.runtime.manifest import GraphInt8, Int8Report
+
+    graph = GraphInt8("g.int8.onnx", True, layers=8, int8_layers=8, qdq_nodes=40, ort_cpu_fp32_ms=2.0,
+                      ort_cpu_int8_ms=1.0)
+    q = Int8Report(scheme="ort-cpu", method="max", calibration_data="flickr8k", calibration_images=200,
+                   heldout_split="dev", heldout_image_ids=tuple(map(str, range(300))), step_rows=256, fp32_cider=50.0,
+                   int8_cider=50.11, delta_cider=0.11, delta_cider_se=1.18, all_int8_delta_cider=0.11, threshold=1.0,
+                   threshold_met=True, layers_tried=0, bias_correction=False,
+                   delta_cider_before_bias_correction=None, build_s=60.0, encoder=graph, step=graph)
+    noisy = int8_summary(q, tmp_path / "exp")
+    assert "step: 8 of 8 layers INT8 (0 kept fp32 by the search), 2.00x as fast as fp32" in noisy[2]
+    assert len(noisy) == 4 and "± 2.31" in noisy[3] and f"edgecap parity {tmp_path / 'exp'} " in noisy[3]
+    assert len(int8_summary(replace(q, delta_cider_se=0.41), tmp_path / "exp")) == 3
+    failed = int8_summary(replace(q, delta_cider=-1.9, threshold_met=False, layers_tried=12), tmp_path / "exp")
+    assert len(failed) == 4 and failed[3].startswith("warning:")
+    slower = int8_summary(replace(q, step=replace(graph, ort_cpu_int8_ms=4.0)), tmp_path / "exp")
+    assert "0.50x the speed of fp32 (slower)" in slower[2]
 
 
 @pytest.mark.slow
 def test_int8_step_alone_runs_beside_the_fp16_encoder(tiny_export, tmp_path, monkeypatch):
     from edgecap.export.trt_compat import check_for_tensorrt
     from edgecap.preprocess import SAMPLE_IMAGES, load_images
-    from edgecap.runtime.manifest import Manifest
+    from edgecap.runtime.manifest import GraphInt8, Manifest
     from edgecap.runtime.pipeline import Captioner
     from edgecap.runtime.search import SearchOptions
     from tests.test_cli import invoke
@@ -203,11 +220,11 @@ def test_int8_step_alone_runs_beside_the_fp16_encoder(tiny_export, tmp_path, mon
                           "fp32,fp16,int8", "--calib-data", "shapes", "--calib-images", "48", "--calib-heldout", "24",
                           "--calib-max-delta", "100", "--int8-graphs", "step")
     assert code == 0, output
-    assert "encoder not quantised (encoder.fp16.onnx)" in output
+    assert "encoder: not quantised (encoder.fp16.onnx)" in output
     manifest = Manifest.read(directory)
     assert manifest.graphs["int8"] == {"encoder": "encoder.fp16.onnx", "step": "step.int8.onnx"}
-    assert manifest.quantization["encoder"] == {"file": "encoder.fp16.onnx", "quantized": False}
-    assert manifest.quantization["step"]["quantized"] is True
+    assert manifest.quantization.encoder == GraphInt8("encoder.fp16.onnx", quantized=False)
+    assert manifest.quantization.step.quantized is True
     assert not (directory / "encoder.int8.onnx").exists()
     assert manifest.stored_precision("int8", "encoder") == "fp16"
     check_for_tensorrt(directory, manifest, ["int8"])  # what `export --trt` checks: the fp16 encoder passes as fp16

@@ -26,7 +26,7 @@ def _interface(path):
 def test_model_trains_exports_and_passes_fp32_parity(model_id, tmp_path):
     run, exported = tmp_path / "run", tmp_path / "exp"
     code, output = invoke("train", "--model", model_id, "--data", "shapes", "--preset", "tiny", "--out", str(run),
-                          "--max-steps", "200", "--set", "train.eval_images=20")
+                          "--max-steps", "200", "--set", "select.images=20")
     assert code == 0, output
     code, output = invoke("export", str(run), "--out", str(exported), "--precision", "fp32,fp16")
     assert code == 0, output

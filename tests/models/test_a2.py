@@ -31,8 +31,8 @@ def test_iterating_step_equals_teacher_forced_forward(alignment):
     model = tiny(alignment=alignment).eval()
     features, tokens = torch.randn(3, 9, 16), torch.randint(1, 30, (3, 8))
     full = assert_steps_equal_forward(model, features, tokens)
-    assert "alpha" not in full and "auxiliary_loss" not in full  # eval mode: no training objective
-    torch.testing.assert_close(full["attention"].sum(-1), torch.ones(3, 8))
+    assert not full.doubly_stochastic and full.auxiliary_loss is None  # eval mode: no training objective
+    torch.testing.assert_close(full.attention.sum(-1), torch.ones(3, 8))
 
 
 def test_prepare_names_memory_and_state_batch_first():
@@ -58,9 +58,9 @@ def test_beam_search_through_the_cache_equals_teacher_forcing_its_captions(beam,
         with torch.no_grad():
             full = model(features[image:image + 1], words)
         targets = torch.tensor([*hyp.tokens, EOS])
-        logprob = full["logprobs"][0].gather(-1, targets[:, None]).sum()
+        logprob = full.logprobs[0].gather(-1, targets[:, None]).sum()
         assert abs(float(logprob) - hyp.logprob) < 1e-5
-        np.testing.assert_allclose(hyp.attention, full["attention"][0].numpy(), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(hyp.attention, full.attention[0].numpy(), atol=1e-5, rtol=0)
 
 
 def test_mask_objective_moves_the_mask_network_against_the_captioning_loss():
@@ -70,14 +70,14 @@ def test_mask_objective_moves_the_mask_network_against_the_captioning_loss():
     captioner = [p for p in model.parameters() if all(p is not q for q in masks)]
 
     out = model(features, tokens)
-    adversarial = torch.autograd.grad(out["auxiliary_loss"], masks + captioner, allow_unused=True)
+    adversarial = torch.autograd.grad(out.auxiliary_loss, masks + captioner, allow_unused=True)
     assert all(g is None or not g.any() for g in adversarial[len(masks):])  # the captioner gets nothing from it
     direct = torch.autograd.grad(perturbed_captioning_loss(model, features, tokens), masks)
     for reversed_grad, grad in zip(adversarial[: len(masks)], direct, strict=True):
         assert grad.abs().sum() > 0
         torch.testing.assert_close(reversed_grad, -grad)  # the mask ascends the loss the captioner descends
 
-    xe = -out["logprobs"][:, :-1].gather(-1, tokens[:, 1:, None]).mean()
+    xe = -out.logprobs[:, :-1].gather(-1, tokens[:, 1:, None]).mean()
     grads = torch.autograd.grad(xe, masks + [model.text_decoder.layers[0].cross_attention.gate.weight],
                                 allow_unused=True)
     assert all(g is None or not g.any() for g in grads[:-1]) and grads[-1].abs().sum() > 0
@@ -85,7 +85,7 @@ def test_mask_objective_moves_the_mask_network_against_the_captioning_loss():
     before = perturbed_captioning_loss(model, features, tokens).item()
     optimizer = torch.optim.SGD(masks, lr=0.5)  # the mask network's share of one trainer step
     out = model(features, tokens)  # cross-entropy + auxiliary loss, one backward
-    (-out["logprobs"][:, :-1].gather(-1, tokens[:, 1:, None]).mean() + out["auxiliary_loss"]).backward()
+    (-out.logprobs[:, :-1].gather(-1, tokens[:, 1:, None]).mean() + out.auxiliary_loss).backward()
     optimizer.step()
     assert perturbed_captioning_loss(model, features, tokens).item() > before
 
@@ -93,10 +93,10 @@ def test_mask_objective_moves_the_mask_network_against_the_captioning_loss():
 def test_mask_regulariser_pulls_the_mask_towards_one():
     model = tiny(dropout=0.0, mask_lambda=1.0).train()
     features, tokens = torch.randn(2, 9, 16), torch.randint(4, 30, (2, 5))
-    full = model(features, tokens)["auxiliary_loss"]
+    full = model(features, tokens).auxiliary_loss
     without = build_model("a2", {**TINY, "dropout": 0.0, "mask_lambda": 0.0}).train()
     without.load_state_dict(model.state_dict())
-    assert full.item() > without(features, tokens)["auxiliary_loss"].item()  # λ‖1 - m‖² > 0 for m = σ(.) < 1
+    assert full.item() > without(features, tokens).auxiliary_loss.item()  # λ‖1 - m‖² > 0 for m = σ(.) < 1
 
 
 @pytest.mark.parametrize("alignment", ["gate", "none"])
@@ -112,9 +112,9 @@ def test_tiny_model_learns_a_few_batches(alignment):
         out = model(features, tokens[:, :-1])
         target = tokens[:, 1:]
         keep = (target != PAD).float()
-        xe = -(out["logprobs"].gather(-1, target[..., None]).squeeze(-1) * keep).sum() / keep.sum()
+        xe = -(out.logprobs.gather(-1, target[..., None]).squeeze(-1) * keep).sum() / keep.sum()
         optimizer.zero_grad()
-        (xe + out.get("auxiliary_loss", 0.0)).backward()
+        (xe if out.auxiliary_loss is None else xe + out.auxiliary_loss).backward()
         optimizer.step()
         losses.append(xe.item())
     assert losses[-1] < 0.5 * losses[0]
@@ -125,7 +125,7 @@ def test_plain_transformer_has_no_mask_network_or_gate():
     assert sum(p.numel() for p in plain.parameters()) < sum(p.numel() for p in aligned.parameters())
     assert all(layer.cross_attention.mask is None and layer.cross_attention.gate is None
                for layer in plain.text_decoder.layers)
-    assert "auxiliary_loss" not in plain.train()(torch.randn(2, 9, 16), torch.randint(1, 30, (2, 4)))
+    assert plain.train()(torch.randn(2, 9, 16), torch.randint(1, 30, (2, 4))).auxiliary_loss is None
 
 
 def test_step_refuses_a_position_past_the_cache():

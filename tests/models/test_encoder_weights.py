@@ -138,8 +138,7 @@ def test_cache_names_written_by_earlier_versions_still_match():
     # Pinned from the version before encoder.frozen_batchnorm existed: a config field that does not change the
     # features must not rename every cache, or an upgrade re-encodes every dataset.
     from edgecap.data.features import _cache_key
-    from edgecap.data.views import MIRRORED
 
     records = [ImageRecord(image_id=n, path=Path("photos") / f"{n}.jpg", captions=("a photo",)) for n in ("a", "b")]
-    keys = [_cache_key(records, EncoderConfig(), Preprocessing(image_size=64), view) for view in (None, MIRRORED)]
+    keys = [_cache_key(records, EncoderConfig(), Preprocessing(image_size=64), mirrored) for mirrored in (False, True)]
     assert keys == ["906729572ac88b00", "e6299c7b819d7635"]

@@ -20,7 +20,7 @@ def test_iterating_step_equals_teacher_forced_forward(variant):
     model = build_model("glied", {**TINY, "variant": variant}).eval()
     features, tokens = torch.randn(3, 9, 16), torch.randint(0, 40, (3, 7))
     full = assert_steps_equal_forward(model, features, tokens)
-    assert "alpha" not in full  # SAT's doubly stochastic regulariser must not apply to a Transformer
+    assert not full.doubly_stochastic  # SAT's doubly stochastic regulariser must not apply to a Transformer
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -40,14 +40,14 @@ def test_beam_search_with_the_cache_equals_teacher_forcing_its_captions(beam, im
             with torch.no_grad():
                 full = model(features[image:image + 1], tokens)
             targets = torch.tensor([*hyp.tokens, EOS])
-            word_logprobs = full["logprobs"][0].gather(-1, targets[:, None])[:, 0].double()
+            word_logprobs = full.logprobs[0].gather(-1, targets[:, None])[:, 0].double()
             words = float(word_logprobs[:-1].sum())
             eos = hyp.logprob - words
             if len(hyp.tokens) < options.max_length:  # ended by choosing eos
                 assert eos == pytest.approx(float(word_logprobs[-1]), abs=1e-4)
             else:  # forced end: eos scored by itself or bounded by the k-th candidate
                 assert eos >= float(word_logprobs[-1]) - 1e-4
-            np.testing.assert_allclose(hyp.attention, full["attention"][0].numpy(), atol=1e-5, rtol=0)
+            np.testing.assert_allclose(hyp.attention, full.attention[0].numpy(), atol=1e-5, rtol=0)
 
 
 def test_mil_head_learns_the_attribute_words_of_its_images():
@@ -60,7 +60,7 @@ def test_mil_head_learns_the_attribute_words_of_its_images():
     optimizer = torch.optim.Adam(model.attribute_head.parameters(), lr=1e-2)
     losses = []
     for _ in range(60):
-        loss = model(features, tokens)["auxiliary_loss"]
+        loss = model(features, tokens).auxiliary_loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -80,7 +80,7 @@ def test_attribute_embeddings_are_the_word_embeddings():
     memory, _ = model.prepare(features)
     attribute = int(memory[spec.MEMORY_ATTRIBUTE_IDS][0, 0])
     tokens = torch.full((2, 3), 30)  # never an attribute id: the gradient can only come through the attributes
-    model(features, tokens)["logprobs"][:, :, 5].sum().backward()
+    model(features, tokens).logprobs[:, :, 5].sum().backward()
     assert model.embed.weight.grad[attribute].abs().sum() > 0
 
 

@@ -17,7 +17,7 @@ def test_iterating_step_equals_teacher_forced_forward(variant, kernel_size):
     model = build_model("spca", {**TINY, "variant": variant, "kernel_size": kernel_size}).eval()
     features, tokens = torch.randn(3, 9, 16), torch.randint(0, 40, (3, 6))
     full = assert_steps_equal_forward(model, features, tokens)
-    assert "alpha" not in full  # a sigmoid map: the trainer must not apply the softmax coverage regulariser
+    assert not full.doubly_stochastic  # a sigmoid map: the softmax coverage regulariser must not apply
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -77,7 +77,7 @@ def test_training_lowers_the_loss_and_reaches_both_branches():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
     def loss() -> torch.Tensor:
-        logprobs = model(features, tokens[:, :-1])["logprobs"]
+        logprobs = model(features, tokens[:, :-1]).logprobs
         return -logprobs.gather(-1, tokens[:, 1:, None]).mean()
 
     first = loss()
@@ -93,4 +93,4 @@ def test_training_lowers_the_loss_and_reaches_both_branches():
 
 
 def test_registry_lists_spca():
-    assert MODELS["spca"] == (SPCAConfig, SPCA)
+    assert MODELS["spca"].classes() == (SPCAConfig, SPCA)

@@ -15,15 +15,15 @@ def test_iterating_step_equals_teacher_forced_forward_for_every_stage(fine_stage
     model = build_model("stackcap", {**TINY, "fine_stages": fine_stages}).eval()
     features, tokens = torch.randn(3, 9, 16), torch.randint(0, 40, (3, 7))
     full = model(features, tokens)
-    assert len(full["stage_logprobs"]) == fine_stages
-    stages = [*full["stage_logprobs"], full["logprobs"]]
+    assert len(full.stage_logprobs) == fine_stages
+    stages = [*full.stage_logprobs, full.logprobs]
     memory, state = model.prepare(features)
     staged_state = state
     for t in range(tokens.shape[1]):
         logprobs, state, alpha = model.step(tokens[:, t], state, memory, torch.tensor(t))
         every, staged_state, staged_alpha = model.stage_step(tokens[:, t], staged_state, memory, torch.tensor(t))
-        torch.testing.assert_close(logprobs, full["logprobs"][:, t], atol=1e-5, rtol=0)
-        torch.testing.assert_close(alpha, full["alpha"][:, t], atol=1e-5, rtol=0)
+        torch.testing.assert_close(logprobs, full.logprobs[:, t], atol=1e-5, rtol=0)
+        torch.testing.assert_close(alpha, full.attention[:, t], atol=1e-5, rtol=0)
         torch.testing.assert_close(staged_alpha, alpha, atol=1e-6, rtol=0)
         assert len(every) == fine_stages + 1
         for stage_logprobs, expected in zip(every, stages, strict=True):
@@ -51,7 +51,7 @@ def test_stacked_attention_carries_the_gradient_from_the_last_stage_to_the_first
     torch.manual_seed(0)
     model = build_model("stackcap", {**TINY, "fine_stages": 3})
     out = model(torch.randn(2, 9, 16), torch.randint(0, 40, (2, 4)))
-    out["logprobs"].sum().backward()
+    out.logprobs.sum().backward()
     for module in (model.coarse, model.attention[0], *model.stack, model.out[-1]):
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
 
@@ -65,7 +65,7 @@ def test_a_few_adamw_steps_lower_the_summed_cross_entropy():
     def summed_xe():
         out = model(features, tokens[:, :-1])
         target = tokens[:, 1:].unsqueeze(-1)
-        return sum(-s.gather(-1, target).mean() for s in [*out["stage_logprobs"], out["logprobs"]])
+        return sum(-s.gather(-1, target).mean() for s in [*out.stage_logprobs, out.logprobs])
 
     first = summed_xe()
     for _ in range(20):
@@ -77,6 +77,6 @@ def test_a_few_adamw_steps_lower_the_summed_cross_entropy():
 
 
 def test_registry_lists_stackcap_and_rejects_no_fine_stage():
-    assert "stackcap" in MODELS
+    assert MODELS["stackcap"].classes()[1].__name__ == "StackCap"
     with pytest.raises(ModelError, match="fine_stages"):
         build_model("stackcap", {**TINY, "fine_stages": 0})

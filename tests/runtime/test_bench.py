@@ -152,8 +152,12 @@ def test_timing_core_and_machine_info_never_import_torch():
     """)
 
 
+def test_bench_without_an_export_directory_is_a_usage_error():
+    code, output = invoke("bench")
+    assert code == 2 and "Missing argument" in output and "Traceback" not in output
+
+
 @pytest.mark.parametrize("args, message", [
-    ((), "needs EXPORT_DIR"),
     (("{missing}",), "no such directory"),
     (("{empty}",), "edgecap.json: not found"),
     (("{empty}", "--batch", "0"), "--batch '0'"),

@@ -13,7 +13,7 @@ from edgecap.training import distributed
 from tests.test_cli import invoke
 
 # 64 images x 5 captions = 320 pairs: 10 global batches of 32 per epoch. Dropout off so the runs are comparable.
-TINY = ["--preset", "tiny", "--set", "model.dropout=0", "--set", "train.eval_images=8"]
+TINY = ["--preset", "tiny", "--set", "model.dropout=0", "--set", "select.images=8"]
 # Under CUDA each rank takes a GPU of its own (nccl); CPU machines run the ranks on gloo.
 two_ranks = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
                                reason="2 ranks under CUDA need 2 GPUs; this machine has 1")
@@ -39,7 +39,7 @@ def test_two_ranks_follow_the_single_process_loss_trajectory(small_shapes, tmp_p
     attention-score bias, whose true gradient is zero (softmax ignores a shift); it does not move the
     outputs, and log-probs of the final models agree to ~1e-4, hence 1e-3.
     """
-    args = ["train", "--data", small_shapes, *TINY, "--set", "train.epochs=3", "--set", "encoder.finetune=false"]
+    args = ["train", "--data", small_shapes, *TINY, "--set", "xe.epochs=3", "--set", "encoder.finetune=false"]
     code, output = invoke(*args, "--out", str(tmp_path / "one"), "--cache-dir", str(tmp_path / "cache1"))
     assert code == 0, output
     code, output = invoke(*args, "--out", str(tmp_path / "two"), "--cache-dir", str(tmp_path / "cache2"),
@@ -54,7 +54,7 @@ def test_two_ranks_follow_the_single_process_loss_trajectory(small_shapes, tmp_p
     features, tokens = torch.randn(4, 36, 64), torch.randint(4, 20, (4, 8))
     a, b = (load_model(tmp_path / run / "last.pt").model.decoder for run in ("one", "two"))
     with torch.no_grad():
-        torch.testing.assert_close(b(features, tokens)["logprobs"], a(features, tokens)["logprobs"], atol=1e-3,
+        torch.testing.assert_close(b(features, tokens).logprobs, a(features, tokens).logprobs, atol=1e-3,
                                    rtol=0)
     # rank 0 alone built the feature cache (train and dev), and it is complete
     assert sorted(p.suffix for p in (tmp_path / "cache2").iterdir()) == [".npy", ".npy"]
@@ -66,7 +66,7 @@ def test_rank_zero_writes_a_loadable_run_with_self_critical_c2f(small_shapes, tm
     """Stack-Captioning with a fine-tuned encoder: XE, then coarse-to-fine RL with an all-reduced reward."""
     out = tmp_path / "stack"
     code, output = invoke("train", "--model", "stackcap", "--data", small_shapes, *TINY, "--out", str(out),
-                          "--max-steps", "6", "--scst-epochs", "1", "--set", "train.scst_batch_images=32",
+                          "--max-steps", "6", "--scst-epochs", "1", "--set", "scst.batch_images=32",
                           "--nproc", "2")
     assert code == 0, output
     assert sorted(p.name for p in out.iterdir()) == ["best.pt", "command.txt", "config.json", "last.pt",
@@ -81,7 +81,7 @@ def test_rank_zero_writes_a_loadable_run_with_self_critical_c2f(small_shapes, tm
 
 
 @pytest.mark.parametrize(("flags", "message"), [(["--nproc", "0"], "--nproc 0"),
-                                                (["--nproc", "3", "--set", "train.batch_size=2"], "batch_size=2")])
+                                                (["--nproc", "3", "--set", "xe.batch_size=2"], "batch_size=2")])
 def test_bad_process_counts_are_one_line_errors(tmp_path, flags, message):
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(tmp_path / "run"), *flags)
     assert code == 2 and message in output and "\n" not in output.strip()

@@ -23,8 +23,8 @@ def _group_rates(run) -> list[tuple[int, float]]:
 def test_encoder_group_runs_at_encoder_lr_over_lr_of_each_phase(small_shapes, tmp_path, encoder_lr, scale):
     # tiny preset: small_cnn encoder trained with the decoder, lr 2e-3, scst_lr 5e-5
     code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(tmp_path / "run"),
-                          "--set", "train.epochs=1", "--set", "train.scst_epochs=1", "--set", "train.eval_images=4",
-                          "--set", f"train.encoder_lr={encoder_lr}")
+                          "--set", "xe.epochs=1", "--set", "scst.epochs=1", "--set", "select.images=4",
+                          "--set", f"optim.encoder_lr={encoder_lr}")
     assert code == 0, output
     (decoder_params, decoder_lr), (encoder_params, encoder_lr_now) = _group_rates(tmp_path / "run")
     assert decoder_params > 0 and encoder_params > 0
@@ -33,7 +33,7 @@ def test_encoder_group_runs_at_encoder_lr_over_lr_of_each_phase(small_shapes, tm
 
 def test_a_frozen_encoder_has_no_group(small_shapes, tmp_path):
     code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(tmp_path / "run"),
-                          "--set", "train.epochs=1", "--set", "train.eval_images=4", "--set", "encoder.finetune=false",
-                          "--set", "train.encoder_lr=1e-4", "--cache-dir", str(tmp_path / "cache"))
+                          "--set", "xe.epochs=1", "--set", "select.images=4", "--set", "encoder.finetune=false",
+                          "--set", "optim.encoder_lr=1e-4", "--cache-dir", str(tmp_path / "cache"))
     assert code == 0, output
     assert len(_group_rates(tmp_path / "run")) == 1

@@ -1,59 +1,53 @@
+"""Hard attention's REINFORCE terms: the moving baseline follows the sampled captions, and the gradient reaches the
+attention only through the rows that sampled a location."""
+
 import pytest
 import torch
 
-from edgecap.config import TrainConfig
-from edgecap.errors import EdgecapError
+from edgecap.config import HardAttentionConfig
 from edgecap.models import build_model
-from edgecap.training.hard_attention import caption_logprob, expected_context_logprob
+from edgecap.training.hard_attention import hard_attention_loss
+from edgecap.training.losses import word_nll
 from edgecap.vocab import PAD
 
 TINY = {"vocab_size": 40, "feature_dim": 16, "num_locations": 9, "embed_dim": 8, "hidden_dim": 12, "att_dim": 10,
         "attention": "hard"}
 
 
-def _captions_of_many_lengths(rows: int, seed: int = 0) -> torch.Tensor:
-    """bos, words, then pad: lengths from 3 to 14 words, as real captions vary."""
+def _batch(rows: int, seed: int = 0):
+    """Features and captions of 3 to 14 words (bos, words, then pad), as real captions vary."""
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(4, 40, (rows, 16), generator=generator)
     tokens[:, 0] = 1
     for row, length in enumerate(torch.randint(3, 15, (rows,), generator=generator).tolist()):
         tokens[row, length + 1:] = PAD
-    return tokens
+    return torch.randn(rows, 9, 16, generator=generator), tokens
 
 
-def test_caption_logprob_sums_the_words_and_skips_padding():
-    logprobs = torch.log_softmax(torch.randn(2, 3, 5), -1)
-    target = torch.tensor([[4, 2, PAD], [1, 3, 2]])
-    expected = torch.stack([logprobs[0, 0, 4] + logprobs[0, 1, 2],
-                            logprobs[1, 0, 1] + logprobs[1, 1, 3] + logprobs[1, 2, 2]])
-    torch.testing.assert_close(caption_logprob(logprobs, target), expected)
+def _terms(model, sampled, cfg, baseline=-10.0):
+    features, tokens = _batch(len(sampled))
+    out = model(features, tokens[:, :-1], hard=True, expected=~sampled)
+    target = tokens[:, 1:]
+    mask = (target != PAD).float()
+    nll = word_nll(out.logprobs, target)
+    loss, updated = hard_attention_loss(out, nll, mask, sampled, baseline=baseline, cfg=cfg, n_tokens=mask.sum())
+    return loss, updated, (nll * mask).sum(1).detach()
 
 
-def test_the_baseline_is_each_sampled_captions_likelihood_under_the_expected_context():
+def test_the_moving_baseline_follows_the_sampled_captions_only():
     torch.manual_seed(0)
-    model = build_model("sat", TINY).eval()
-    features, tokens = torch.randn(6, 9, 16), _captions_of_many_lengths(6)
     sampled = torch.tensor([True, False, True, True, False, True])
-    baseline = expected_context_logprob(model, features, tokens, sampled)
-    soft = caption_logprob(model(features, tokens[:, :-1])["logprobs"], tokens[:, 1:]).detach()
-    torch.testing.assert_close(baseline[sampled], soft[sampled])
-    assert (baseline[~sampled] == 0).all()
-    assert not baseline.requires_grad
+    _, updated, caption_nll = _terms(build_model("sat", TINY), sampled, HardAttentionConfig(baseline_decay=0.9))
+    assert updated == pytest.approx(0.9 * -10.0 + 0.1 * float(-caption_nll[sampled].mean()), rel=1e-5)
 
 
-def test_the_caption_baseline_removes_the_spread_a_moving_average_leaves():
-    """log p(y|s,a) - b with one b for every caption spreads with caption length; per caption it does not."""
+def test_reinforce_reaches_the_attention_only_through_rows_that_sampled_a_location():
+    cfg = HardAttentionConfig(reinforce_weight=1.0, entropy=0.0)
     torch.manual_seed(0)
-    model = build_model("sat", TINY).eval()
-    features, tokens = torch.randn(64, 9, 16), _captions_of_many_lengths(64)
-    sampled = torch.ones(64, dtype=torch.bool)
-    hard = model(features, tokens[:, :-1], hard=True, expected=~sampled)
-    seq_logprob = caption_logprob(hard["logprobs"], tokens[:, 1:]).detach()
-    per_caption = seq_logprob - expected_context_logprob(model, features, tokens, sampled)
-    moving = seq_logprob - seq_logprob.mean()
-    assert per_caption.std() < 0.2 * moving.std()
-
-
-def test_an_unknown_hard_attention_baseline_is_refused():
-    with pytest.raises(EdgecapError, match="train.hard_baseline"):
-        TrainConfig(hard_baseline="greedy")
+    model = build_model("sat", TINY)
+    loss, updated, _ = _terms(model, torch.zeros(6, dtype=torch.bool), cfg)
+    assert float(loss.detach()) == 0.0 and updated == -10.0  # every row took the expected context: nothing to reinforce
+    loss, _, _ = _terms(model, torch.tensor([True, False] * 3), cfg)
+    loss.backward()
+    assert model.attention.score.weight.grad.abs().sum() > 0
+    assert model.out.weight.grad is None or model.out.weight.grad.abs().sum() == 0  # the words' layer: no REINFORCE

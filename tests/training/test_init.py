@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from edgecap.checkpoint import read_checkpoint, save_atomic
-from edgecap.config import EncoderConfig, TrainConfig
+from edgecap.config import EncoderConfig, SCSTConfig, TrainConfig, XEConfig
 from edgecap.data.shapes import generate_shapes
 from edgecap.errors import EdgecapError
 from edgecap.weight_storage import INT8, pack_int8, stored_weights
@@ -26,7 +26,7 @@ def source_run(small_shapes, tmp_path_factory):
     """A tiny run whose small_cnn encoder trained with the decoder (as --finetune-encoder does on a GPU)."""
     run = tmp_path_factory.mktemp("source") / "run"
     code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
-                          "--set", "train.epochs=2", "--set", "train.eval_images=8")
+                          "--set", "xe.epochs=2", "--set", "select.images=8")
     assert code == 0, output
     return run
 
@@ -42,8 +42,8 @@ def test_a_run_started_at_self_critical_training_holds_the_init_weights(small_sh
     source = source_run / "best.pt"
     run = tmp_path / "run"
     code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
-                          "--set", f"train.init={source}", "--set", "train.epochs=0", "--set", "train.scst_epochs=1",
-                          "--set", "train.scst_lr=0", "--set", "train.eval_images=8",
+                          "--set", f"train.init={source}", "--set", "xe.epochs=0", "--set", "scst.epochs=1",
+                          "--set", "scst.lr=0", "--set", "select.images=8",
                           "--set", f"encoder.finetune={finetune}", "--set", f"encoder.weights={source}",
                           "--cache-dir", str(tmp_path / "cache"))
     assert code == 0, output
@@ -60,18 +60,18 @@ def test_a_run_started_at_self_critical_training_holds_the_init_weights(small_sh
 def test_an_init_of_another_decoder_shape_is_one_line(small_shapes, source_run, tmp_path):
     code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(tmp_path / "run"),
                           "--set", f"train.init={source_run / 'best.pt'}", "--set", "model.embed_dim=48",
-                          "--set", "train.eval_images=8")
+                          "--set", "select.images=8")
     assert code == 2
     assert output.startswith(f"error: {source_run / 'best.pt'}: train.init holds a sat decoder")
     assert "embed_dim" in output and "\n" not in output.strip()
 
 
 def test_no_cross_entropy_epochs_need_an_init_and_self_critical_epochs():
-    with pytest.raises(EdgecapError, match="train.epochs must be >= 1"):
-        TrainConfig(epochs=0, scst_epochs=3)
-    with pytest.raises(EdgecapError, match="needs train.scst_epochs"):
-        TrainConfig(epochs=0, init="run/best.pt")
-    assert TrainConfig(epochs=0, scst_epochs=3, init="run/best.pt").epochs == 0
+    with pytest.raises(EdgecapError, match="xe.epochs must be >= 1"):
+        TrainConfig(xe=XEConfig(epochs=0), scst=SCSTConfig(epochs=3))
+    with pytest.raises(EdgecapError, match="needs scst.epochs"):
+        TrainConfig(xe=XEConfig(epochs=0), init="run/best.pt")
+    assert TrainConfig(xe=XEConfig(epochs=0), scst=SCSTConfig(epochs=3), init="run/best.pt").xe.epochs == 0
 
 
 @pytest.mark.parametrize("frozen", [True, False])
@@ -80,8 +80,8 @@ def test_frozen_batchnorm_keeps_a_fine_tuned_encoders_statistics_while_its_weigh
     source = source_run / "best.pt"
     run = tmp_path / "run"
     code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
-                          "--set", f"train.init={source}", "--set", "train.epochs=0", "--set", "train.scst_epochs=1",
-                          "--set", "train.scst_lr=1e-3", "--set", "train.eval_images=8", "--set",
+                          "--set", f"train.init={source}", "--set", "xe.epochs=0", "--set", "scst.epochs=1",
+                          "--set", "scst.lr=1e-3", "--set", "select.images=8", "--set",
                           f"encoder.weights={source}", "--set", f"encoder.frozen_batchnorm={str(frozen).lower()}")
     assert code == 0, output
     before, after = read_checkpoint(source)["encoder"], read_checkpoint(run / "last.pt")["encoder"]
@@ -105,8 +105,8 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_from_its_init(sma
     run.mkdir()
     (run / "vocab.json").write_text(json.dumps(read_checkpoint(source)["vocab"]))
     code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
-                          "--set", f"train.init={source}", "--set", "train.epochs=0", "--set", "train.scst_epochs=1",
-                          "--set", "train.scst_lr=0", "--set", "train.eval_images=8")
+                          "--set", f"train.init={source}", "--set", "xe.epochs=0", "--set", "scst.epochs=1",
+                          "--set", "scst.lr=0", "--set", "select.images=8")
     assert code == 0, output
     before, after = read_checkpoint(source)["decoder"], read_checkpoint(run / "best.pt")["decoder"]
     assert all(torch.equal(after[k], before[k]) for k in before)
@@ -117,7 +117,7 @@ def test_a_new_run_rewrites_the_vocabulary_a_killed_start_left(small_shapes, tmp
     run.mkdir()
     (run / "vocab.json").write_text(json.dumps({"words": ["<pad>", "<bos>", "<eos>", "<unk>", "stale"]}))
     code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
-                          "--set", "train.epochs=1", "--set", "train.eval_images=8")
+                          "--set", "xe.epochs=1", "--set", "select.images=8")
     assert code == 0, output
     assert "stale" not in json.loads((run / "vocab.json").read_text())["words"]
 
@@ -131,8 +131,8 @@ def test_a_checkpoint_stored_with_int8_weights_starts_a_run_with_its_rounded_wei
     source, run = tmp_path / "int8.pt", tmp_path / "run"
     save_atomic(packed, source)
     code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
-                          "--set", f"train.init={source}", "--set", "train.epochs=0", "--set", "train.scst_epochs=1",
-                          "--set", "train.scst_lr=0", "--set", "train.eval_images=8", "--set", "encoder.finetune=true",
+                          "--set", f"train.init={source}", "--set", "xe.epochs=0", "--set", "scst.epochs=1",
+                          "--set", "scst.lr=0", "--set", "select.images=8", "--set", "encoder.finetune=true",
                           "--set", f"encoder.weights={source}", "--cache-dir", str(tmp_path / "cache"))
     assert code == 0, output
     after = read_checkpoint(run / "best.pt")

@@ -36,8 +36,8 @@ def test_a_run_trains_on_the_gpu_and_its_checkpoints_load_on_the_cpu(tmp_path):
     run = tmp_path / "cuda"
     torch.cuda.reset_peak_memory_stats()
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(run), "--max-steps", "60",
-                          "--scst-epochs", "1", "--set", "train.eval_images=10", "--set", "train.label_smoothing=0.1",
-                          "--set", "train.ema_decay=0.95")
+                          "--scst-epochs", "1", "--set", "select.images=10", "--set", "xe.label_smoothing=0.1",
+                          "--set", "optim.ema_decay=0.95")
     assert code == 0, output
     assert torch.cuda.max_memory_allocated() > 0, "the run never allocated GPU memory: it trained on the CPU"
     assert f"trainable parameters on cuda ({torch.cuda.get_device_name()})" in output
@@ -52,7 +52,7 @@ def test_a_run_trains_on_the_gpu_and_its_checkpoints_load_on_the_cpu(tmp_path):
     assert code == 0 and output.strip(), output
 
     config = json.loads((run / "config.json").read_text())
-    config["train"]["scst_epochs"] = 2
+    config["train"]["scst"]["epochs"] = 2
     (run / "config.json").write_text(json.dumps(config))
     code, output = invoke("train", "--out", str(run), "--resume")
     assert code == 0, output

@@ -1,5 +1,5 @@
-"""Views of the training photos: flipped left-right (captions with "left" and "right" swapped) and zoomed into a
-corner, each cached once for a frozen encoder."""
+"""The mirrored view of the training photos: flipped left-right, "left" and "right" swapped in their captions, and
+cached once more for a frozen encoder."""
 
 import json
 from pathlib import Path
@@ -8,18 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from edgecap.config import EncoderConfig, TrainConfig
+from edgecap.config import EncoderConfig, SCSTConfig, XEConfig
 from edgecap.data import load_dataset
 from edgecap.data.features import cached_features
 from edgecap.data.records import ImageRecord
 from edgecap.data.shapes import generate_shapes
-from edgecap.data.views import MIRRORED, ZOOMED
 from edgecap.errors import EdgecapError
 from edgecap.models.caption_model import CaptionModel
 from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing, load_images
 from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_id, mirrored_token_table, tokenised_references
-from edgecap.training.loop import Trainer, scst_views
+from edgecap.training.loop import Trainer
 from edgecap.training.runs import resolve_run
 from edgecap.vocab import Vocab
 from tests.test_cli import invoke
@@ -75,7 +74,7 @@ def test_mirrored_cache_holds_the_flipped_photos_features_in_a_file_of_its_own(r
     encoder = captioner.encoder
     plain = cached_features(records, ENCODER, PREP, directory=tmp_path)
     torch.manual_seed(0)
-    mirrored = cached_features(records, ENCODER, PREP, directory=tmp_path, view=MIRRORED)
+    mirrored = cached_features(records, ENCODER, PREP, directory=tmp_path, mirrored=True)
     assert len(list(tmp_path.glob("*.npy"))) == 2
     pixels = torch.from_numpy(load_images([r.path for r in records], PREP))
     with torch.no_grad():
@@ -92,12 +91,12 @@ def test_features_of_mirrored_rows_come_from_the_flipped_photo(records, captione
     if not finetune:  # the mirrored view, cached second, must come from the same weights
         cached_features(records, ENCODER, PREP, directory=tmp_path)
         torch.manual_seed(0)
-    features = ImageFeatures(records, captioner, config, PREP, cache_dir=tmp_path, label="t", views=(MIRRORED,))
+    features = ImageFeatures(records, captioner, config, PREP, cache_dir=tmp_path, label="t", mirrored=True)
     indices = np.array([5, 0, 3, 7])
     mirrored = np.array([True, False, True, False])
     pixels = torch.from_numpy(load_images([records[i].path for i in indices], PREP))
     with torch.no_grad():
-        got = features.get(indices, [MIRRORED if m else None for m in mirrored])
+        got = features.get(indices, mirrored)
         plain = grid_features(captioner.encoder, pixels)
         flipped = grid_features(captioner.encoder, pixels.flip(-1))
     expected = torch.where(torch.from_numpy(mirrored)[:, None, None], flipped, plain)
@@ -107,13 +106,13 @@ def test_features_of_mirrored_rows_come_from_the_flipped_photo(records, captione
 def test_a_split_built_without_mirror_refuses_mirrored_rows(records, captioner, tmp_path):
     features = ImageFeatures(records, captioner, ENCODER, PREP, cache_dir=tmp_path, label="t")
     with pytest.raises(ValueError, match="mirror"):
-        features.get(np.array([0, 1]), [MIRRORED, None])
+        features.get(np.array([0, 1]), np.array([True, False]))
 
 
-@pytest.mark.parametrize("name", ["mirror_share", "scst_mirror_share", "scst_zoom_share"])
-def test_mirror_share_out_of_range_is_refused(name):
-    with pytest.raises(EdgecapError, match=name):
-        TrainConfig(**{name: 1.5})
+@pytest.mark.parametrize("config", [XEConfig, SCSTConfig])
+def test_mirror_share_out_of_range_is_refused(config):
+    with pytest.raises(EdgecapError, match="mirror_share"):
+        config(mirror_share=1.5)
 
 
 def test_a_mirrored_reference_corpus_holds_both_views_with_left_and_right_swapped_in_the_flipped_one():
@@ -122,75 +121,37 @@ def test_a_mirrored_reference_corpus_holds_both_views_with_left_and_right_swappe
                           mirrored_id("0"): [["a", "dog", "runs", "right"]], mirrored_id("1"): [["a", "cat", "sits"]]}
 
 
-@pytest.mark.parametrize("mirror, zoom", [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0)])
-def test_self_critical_images_are_sampled_and_scored_on_the_view_the_shares_pick(tmp_path, mirror, zoom):
+@pytest.mark.parametrize("mirror", [0.0, 1.0])
+def test_self_critical_images_are_sampled_and_scored_on_the_view_the_share_picks(tmp_path, mirror):
     json_path = generate_shapes(tmp_path / "shapes", n_train=8, n_dev=2, n_test=0)
     spec = resolve_run("sat", f"karpathy:{json_path}", "tiny",
-                       ["train.scst_epochs=1", "train.scst_batch_images=4", f"train.scst_mirror_share={mirror}",
-                        f"train.scst_zoom_share={zoom}"])
+                       ["scst.epochs=1", "scst.batch_images=4", f"scst.mirror_share={mirror}"])
     (tmp_path / "run").mkdir()
     trainer = Trainer(tmp_path / "run", spec, load_dataset(spec.data), cache_dir=tmp_path / "cache")
     asked, scored = [], []
     get = trainer.train_features.get
 
-    def get_and_record(indices, views=None):
-        asked.extend(views)
-        return get(indices, views)
+    def get_and_record(indices, flipped=None):
+        asked.extend(flipped)
+        return get(indices, flipped)
 
     trainer.train_features.get = get_and_record
     trainer._scst_epoch(0)  # builds the training corpus, then scores every batch against it
     score = trainer.train_cider.score
     trainer.train_cider.score = lambda ids, captions: scored.extend(ids) or score(ids, captions)
     trainer._scst_epoch(1)
-    assert all(view is MIRRORED for view in asked) if mirror else all((view in ZOOMED) == bool(zoom) for view in asked)
-    flipped = {mirrored_id(r.image_id) for r in trainer.train_records}  # a zoomed photo keeps its references
-    assert len(scored) == 8 * spec.train.scst_samples and all((i in flipped) == bool(mirror) for i in scored)
+    assert len(asked) == 16 and all(flip == bool(mirror) for flip in asked)
+    flipped = {mirrored_id(r.image_id) for r in trainer.train_records}
+    assert len(scored) == 8 * spec.train.scst.samples and all((i in flipped) == bool(mirror) for i in scored)
 
 
 def test_a_frozen_run_with_mirroring_trains_and_caches_both_views(tmp_path):
     json_path = generate_shapes(tmp_path / "shapes", n_train=24, n_dev=4, n_test=0)
     run = tmp_path / "run"
     code, output = invoke("train", "--data", f"karpathy:{json_path}", "--preset", "tiny", "--out", str(run),
-                          "--set", "train.epochs=1", "--set", "train.eval_images=4", "--set", "encoder.finetune=false",
-                          "--set", "train.mirror_share=0.5", "--cache-dir", str(tmp_path / "cache"))
+                          "--set", "xe.epochs=1", "--set", "select.images=4", "--set", "encoder.finetune=false",
+                          "--set", "xe.mirror_share=0.5", "--cache-dir", str(tmp_path / "cache"))
     assert code == 0, output
     names = sorted(p.name for p in (tmp_path / "cache").glob("*.npy"))
     assert len(names) == 3 and sum("-mirrored-" in n for n in names) == 1  # train, train mirrored, dev
-    assert json.loads((run / "config.json").read_text())["train"]["mirror_share"] == 0.5
-
-
-def test_a_zoomed_view_is_its_corner_of_the_photo_scaled_back_up():
-    columns = torch.arange(20.0).expand(1, 3, 20, 20)  # each pixel holds its column
-    top_left, top_right = ZOOMED[0].apply(columns), ZOOMED[1].apply(columns)
-    assert top_left.shape == top_right.shape == columns.shape
-    assert float(top_left.max()) <= 16 and float(top_right.min()) >= 4  # 80% of the side: columns 0-15 and 4-19
-    assert float(top_left.min()) < 1 and float(top_right.max()) > 18  # scaled to the whole side, not padded
-    rows = columns.transpose(-1, -2)
-    assert float(ZOOMED[2].apply(rows).min()) >= 4 and float(ZOOMED[0].apply(rows).max()) <= 16  # bottom / top
-
-
-@pytest.mark.parametrize("finetune", [False, True])
-def test_each_zoomed_row_has_the_features_of_its_corner(records, captioner, tmp_path, finetune):
-    config = EncoderConfig(name="small_cnn", image_size=64, channels=8, finetune=finetune)
-    for view in () if finetune else (None, *ZOOMED):  # every cache from the same weights as ``captioner``'s
-        torch.manual_seed(0)
-        cached_features(records, ENCODER, PREP, directory=tmp_path, view=view)
-    features = ImageFeatures(records, captioner, config, PREP, cache_dir=tmp_path, label="t", views=ZOOMED)
-    assert len(list(tmp_path.glob("*.npy"))) == (0 if finetune else 1 + len(ZOOMED))
-    indices, views = np.array([5, 0, 3, 7]), [ZOOMED[1], None, ZOOMED[3], ZOOMED[1]]
-    pixels = torch.from_numpy(load_images([records[i].path for i in indices], PREP))
-    with torch.no_grad():
-        got = features.get(indices, views)
-        expected = torch.cat([grid_features(captioner.encoder, view.apply(pixels[i:i + 1]) if view else pixels[i:i + 1])
-                              for i, view in enumerate(views)])
-    torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-2)
-    assert (got[0] - got[2]).abs().max() > 0.01  # two corners of two photos differ
-
-
-def test_zooms_take_only_unflipped_photos_and_leave_the_flips_as_they_were_drawn():
-    config = TrainConfig(scst_mirror_share=0.5, scst_zoom_share=1.0, seed=3)
-    views = scst_views(config, epoch=2, n=400)
-    flipped = np.random.default_rng(3 + 3000 + 2).random(400) < 0.5  # the draw made before zooms existed
-    assert [view is MIRRORED for view in views] == flipped.tolist()
-    assert {view for view in views if view is not MIRRORED} == set(ZOOMED)  # every corner, no plain photo
-    assert all(view in (MIRRORED, None) for view in scst_views(TrainConfig(scst_mirror_share=0.5), 2, 400))
+    assert json.loads((run / "config.json").read_text())["train"]["xe"]["mirror_share"] == 0.5

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from edgecap.checkpoint import read_checkpoint
-from edgecap.config import TrainConfig
+from edgecap.config import OptimConfig
 from edgecap.errors import EdgecapError
 from edgecap.training.ema import WeightAverage
 
@@ -62,7 +62,7 @@ def test_state_round_trip_and_a_mismatched_state_is_refused():
 @pytest.mark.parametrize("decay", [-0.1, 1.0])
 def test_decay_out_of_range_is_refused(decay):
     with pytest.raises(EdgecapError, match="ema_decay"):
-        TrainConfig(ema_decay=decay)
+        OptimConfig(ema_decay=decay)
 
 
 @pytest.mark.slow
@@ -71,7 +71,7 @@ def test_best_pt_keeps_the_average_and_a_resumed_run_carries_it_on(tmp_path):
 
     run = tmp_path / "ema"
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(run), "--max-steps", "40",
-                          "--scst-epochs", "0", "--set", "train.eval_images=10", "--set", "train.ema_decay=0.95")
+                          "--scst-epochs", "0", "--set", "select.images=10", "--set", "optim.ema_decay=0.95")
     assert code == 0, output
     assert re.search(r"ema: sat, [\d.]+ M trainable parameters on (cpu|cuda \(.+\)); \d+ training photos", output)
     best, last = read_checkpoint(run / "best.pt"), read_checkpoint(run / "last.pt")
@@ -83,7 +83,7 @@ def test_best_pt_keeps_the_average_and_a_resumed_run_carries_it_on(tmp_path):
     assert any(not torch.equal(best["decoder"][k], last["decoder"][k]) for k in best["decoder"])
 
     config = json.loads((run / "config.json").read_text())
-    config["train"]["max_steps"] = 60
+    config["train"]["xe"]["max_steps"] = 60
     (run / "config.json").write_text(json.dumps(config))
     code, output = invoke("train", "--out", str(run), "--resume")
     assert code == 0, output

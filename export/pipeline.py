@@ -1,0 +1,92 @@
+"""``export_run``: a trained run (or the shipped default) to an export directory, every stage in order.
+
+fp32 ONNX graphs validated against PyTorch, then the fp16 graphs, the INT8 graphs calibrated on real photos and
+the TensorRT engines, as ``ExportOptions`` asks. Each stage says one line as it starts; the long ones show bars.
+``build_engines`` alone turns an existing export directory into engines on a GPU machine, with no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgecap.calib.options import Int8Options
+from edgecap.errors import EdgecapError
+from edgecap.runtime.engines import EngineOptions
+from edgecap.runtime.manifest import PRECISIONS, Manifest
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    precisions: tuple[str, ...] = ("fp32",)  # graphs to write; fp32 always is
+    beam: int = 3  # largest beam the runtime will use: the step returns 2 * beam candidates
+    int8: Int8Options | None = None  # how to calibrate, when "int8" is among the precisions
+    engines: EngineOptions | None = None  # also build TensorRT engines of the precisions (NVIDIA GPU)
+
+    def __post_init__(self):
+        unknown = [p for p in self.precisions if p not in PRECISIONS]
+        if unknown or not self.precisions:
+            raise EdgecapError(f"precision {', '.join(unknown) or '(none)'}: expected some of {', '.join(PRECISIONS)}")
+        if "int8" in self.precisions and self.int8 is None:
+            raise EdgecapError("--precision int8 needs --calib-data SPEC (real photos to calibrate on), e.g. "
+                               "--calib-data flickr8k:DIR")
+        if self.beam < 1:
+            raise EdgecapError(f"--beam {self.beam}: expected 1 or more")
+
+
+def export_run(run: Path | None, out: Path, options: ExportOptions, *, say: Say = print) -> Manifest:
+    """Export ``run`` (a run directory or checkpoint; None: the shipped default) to ``out``; the manifest written.
+
+    What this machine lacks (TensorRT) and what the calibration data lacks (its splits) is refused before the
+    long stages start, not after.
+    """
+    from edgecap.checkpoint import checkpoint_file, load_model
+    from edgecap.export.onnx import export_onnx
+    from edgecap.export.precision import add_fp16
+    from edgecap.preprocess import SAMPLE_IMAGES, load_images
+
+    if options.engines:
+        from edgecap.runtime.backends.trt_cuda import require_tensorrt
+
+        require_tensorrt()
+    calibration = _calibration_data(options.int8) if options.int8 else None
+    loaded = load_model(run)
+    say(f"export: {loaded.model_id} from {checkpoint_file(run)} to {out}: encoder and step graphs (fp32), checked "
+        "against PyTorch")
+    pixels = load_images(sorted(SAMPLE_IMAGES.glob("*.jpg")), loaded.prep)
+    manifest = export_onnx(loaded, out, real_pixels=pixels, k=2 * options.beam)
+    if "fp16" in options.precisions:
+        say("export: mixed-precision fp16 graphs")
+        manifest = add_fp16(out, manifest)
+    if calibration is not None:
+        from edgecap.calib.build import add_int8
+
+        manifest = add_int8(out, manifest, calibration, options.int8, say=say)
+    if options.engines:
+        manifest = build_engines(out, manifest, options.precisions, options.engines, say=say)
+    return manifest
+
+
+def _calibration_data(options: Int8Options):
+    from edgecap.calib.build import require_calibration_splits
+    from edgecap.data import load_dataset
+
+    dataset = load_dataset(options.data)
+    require_calibration_splits(dataset, options.heldout_split)
+    return dataset
+
+
+def build_engines(directory: Path, manifest: Manifest, precisions: Sequence[str], options: EngineOptions, *,
+                  say: Say = print) -> Manifest:
+    """Strongly typed TensorRT engines of ``precisions`` from the graphs of ``directory``; one line per engine."""
+    from edgecap.export.trt import build_engines as build
+    from edgecap.report import engine_line
+
+    say(f"export: TensorRT engines ({', '.join(precisions)}) in {directory}")
+    manifest, built = build(directory, manifest, precisions, options)
+    for engine in built:
+        say(engine_line(directory, engine))
+    return manifest
