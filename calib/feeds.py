@@ -1,7 +1,7 @@
 """Calibration feeds: the inputs the fp32 graphs really see, saved as ``.npz`` so an INT8 build is repeatable.
 
 Encoder feeds are preprocessed calibration photos. Step activations depend on the words fed, so step feeds are
-recorded while the fp32 graphs caption those photos through the runtime's own beam search (DESIGN.md §7), then
+recorded while the fp32 graphs caption those photos through the runtime's own beam search, then
 subsampled to a few hundred rows. A saved row is self-contained: its state is gathered by ``reorder`` on the host
 (what the graph would gather itself), so rows from different steps and images can be batched with an identity
 ``reorder``; rows that carry ``<pad>`` (finished or dead beams, whose outputs the search discards) are left out.
@@ -24,7 +24,7 @@ from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.search import SearchOptions, bad_ending_ids, beam_search
 from edgecap.vocab import PAD, Vocab
 
-CALIB_DIR = "calib"  # beside the graphs in the export directory (DESIGN.md §4)
+CALIB_DIR = "calib"  # beside the graphs in the export directory
 ENCODER_FEEDS = "encoder.npz"
 STEP_FEEDS = "step.npz"
 IMAGE_INDEX = "row_image"  # step.npz: per row, the index of its image's memory

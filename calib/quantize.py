@@ -1,6 +1,6 @@
 """Explicit Q/DQ INT8 graphs from an fp32 graph and its calibrated ranges, by ``onnxruntime.quantization``.
 
-The ``tensorrt`` scheme writes what TensorRT's strongly typed builds accept (DESIGN.md §7): QuantizeLinear /
+The ``tensorrt`` scheme writes what TensorRT's strongly typed builds accept: QuantizeLinear /
 DequantizeLinear pairs in QInt8 with zero point 0 (symmetric activations and weights), per-channel weight scales,
 and biases left in float, because TensorRT refuses a DequantizeLinear on INT32 and folds the bias into the layer
 itself. onnxruntime's CPU provider still fuses such a graph into QLinearConv / QLinearMatMul, with the
@@ -48,9 +48,8 @@ def activation_matmuls(model: Path) -> list[str]:
 
     Post-training INT8 of these puts attention logits and weights through one per-tensor scale, which can rank
     keys wrongly wherever logits span a wide range, and the layer search cannot repair it because it ranks
-    weighted layers only. So they stay fp32 (TensorRT runs them in fp16/fp32). The Flickr8k measurement that
-    argued for it (GLIED -14.9) predated f2f5778; on the current build, quantising them too moves neither GLIED
-    nor A² beyond noise (docs/RESULTS.md; ``benchmarks/int8_rules.py``).
+    weighted layers only. So they stay fp32 (TensorRT runs them in fp16/fp32): a safe default whose cost in
+    accuracy and speed is recorded in docs/experiments.md.
     """
     import onnx
 

@@ -108,7 +108,8 @@ def train(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Override SECTION.FIELD=VALUE; sections: encoder, model, optim, xe, scst, hard, select, "
                       "train")] = None,
-    cache_dir: Annotated[Path | None, typer.Option(help="Feature cache folder (default $EDGECAP_CACHE)")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Feature cache folder (default $EDGECAP_CACHE/features)")]
+    = None,
     nproc: Annotated[int, typer.Option(help="Data-parallel processes on this machine, one GPU each (CPU: gloo); "
                                             "they split every global batch")] = 1,
 ) -> None:
@@ -162,24 +163,19 @@ def caption(
 
     The exit status is 2 if any photo could not be read.
     """
-    from edgecap.model_source import ModelSource, caption_each
-    from edgecap.preprocess import image_files, read_rgb
-    from edgecap.report import attention_paths, attention_png, caption_json, caption_line, require_plotting
+    from edgecap.model_source import ModelSource, caption_files
+    from edgecap.preprocess import image_files
+    from edgecap.report import caption_json, caption_line
 
-    if attention:
-        require_plotting()
     source = ModelSource.choose(model, _value(backend), precision.value, device.value)
-    paths = image_files(images)
-    maps = attention_paths(paths, attention) if attention else [None] * len(paths)
-    results = caption_each(paths, source.captioner(_search(beam, length_penalty, block_trigrams)))
+    options = _search(beam, length_penalty, block_trigrams)
     failed = 0
-    for result, target in zip(results, maps, strict=True):
+    for result, maps in caption_files(source, image_files(images), options, attention=attention):
         if isinstance(result, ImageError):
             failed += 1
             typer.echo(f"error: {result}", err=True)
-            continue
-        written = attention_png(result, read_rgb(result.image), target) if target else None
-        typer.echo(json.dumps(caption_json(result, written)) if json_output else caption_line(result, written))
+        else:
+            typer.echo(json.dumps(caption_json(result, maps)) if json_output else caption_line(result, maps))
     if failed:
         raise typer.Exit(2)
 
@@ -219,19 +215,17 @@ def export_model(
     from edgecap.export.pipeline import ExportOptions, build_engines, export_run
     from edgecap.model_source import is_export
     from edgecap.report import export_lines
+    from edgecap.runtime.manifest import Manifest
 
+    precisions = parse_list(precision, PRECISIONS, "--precision")
     int8 = Int8Options(calib_data, calib_images, calib_heldout, calib_heldout_split.value, calib_method.value,
                        calib_max_delta, int8_scheme.value, parse_list(int8_graphs, GRAPHS, "--int8-graphs"),
-                       calib_bias_correction, beam=beam) if calib_data else None
-    precisions = parse_list(precision, PRECISIONS, "--precision")
+                       calib_bias_correction, beam=beam) if calib_data and "int8" in precisions else None
     engines = EngineOptions(max_batch=max_batch, opt_batch=opt_batch, beam=beam) if trt else None
     if trt and is_export(run):  # graphs made elsewhere, e.g. on an x86 host for a Jetson
-        from edgecap.runtime.manifest import Manifest
-
         build_engines(run, Manifest.read(run), precisions, engines, say=typer.echo)
         return
-    manifest = export_run(run, out, ExportOptions(precisions, beam, int8 if "int8" in precisions else None, engines),
-                          say=typer.echo)
+    manifest = export_run(run, out, ExportOptions(precisions, beam, int8, engines), say=typer.echo)
     for line in export_lines(manifest, out):
         typer.echo(line)
 

@@ -96,6 +96,7 @@ class Evaluator:
     """
 
     def __init__(self, *, spice: bool = True):
+        _require_java()  # before minutes of captioning, not after
         self._spice = spice  # SPICE needs an 8 GB Java heap and minutes per split; False skips it
         self._meteor: Meteor | None = None
         self._stop: weakref.finalize | None = None

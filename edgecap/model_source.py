@@ -114,8 +114,8 @@ def evaluate(source: ModelSource, data: str, split: str, options: SearchOptions,
     if source.precision == "int8":
         chosen = sum(r.image_id in model.manifest.int8_heldout_ids(dataset.name) for r in records)
         if chosen:
-            say(f"note: {chosen} of these photos chose which INT8 layers stay fp32 (calibration's held-out photos); "
-                "`edgecap parity --precision int8` leaves them out")
+            say(f"note: {chosen} of these {len(records)} photos chose which INT8 layers stay fp32 (calibration's "
+                "held-out photos); `edgecap parity --precision int8` leaves them out")
     from edgecap.evaluation import Evaluator, evaluate_captioner
 
     with Evaluator() as evaluator:
@@ -125,6 +125,24 @@ def evaluate(source: ModelSource, data: str, split: str, options: SearchOptions,
             return evaluate_model(model, records, options, evaluator=evaluator)
         return evaluate_captioner(model, records, options, evaluator=evaluator, backend=source.backend,
                                   precision=source.precision)
+
+
+def caption_files(source: ModelSource, paths: Sequence[Path], options: SearchOptions, *,
+                  attention: Path | None = None) -> Iterator[tuple[Caption | ImageError, Path | None]]:
+    """Each file's caption (or its ImageError) in order, with the PNG of its attention maps written to
+    ``attention/STEM.png`` when a folder is given (None otherwise)."""
+    from edgecap.report import attention_paths, attention_png, require_plotting
+
+    if attention:
+        require_plotting()  # before the model loads, not after the first caption
+    maps = attention_paths(paths, attention) if attention else [None] * len(paths)
+    for result, target in zip(caption_each(paths, source.captioner(options)), maps, strict=True):
+        if target is None or isinstance(result, ImageError):
+            yield result, None
+            continue
+        from edgecap.preprocess import read_rgb
+
+        yield result, attention_png(result, read_rgb(result.image), target)
 
 
 def caption_each(paths: Sequence[Path], caption_batch: Callable[[Sequence[Path]], list[Caption]], *,

@@ -1,4 +1,4 @@
-"""Parity: does an exported backend/precision say what PyTorch says, on real held-out images? (DESIGN.md §8)
+"""Parity: does an exported backend/precision say what PyTorch says, on real held-out images?
 
 The PyTorch reference and the candidate run through the very same beam search on
 the same preprocessed pixels, so every difference comes from the compiled graphs
@@ -143,6 +143,37 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
     return min(len(a), len(b))
 
 
+def _decode_both(records: Sequence[ImageRecord], backends: dict, prep, options: SearchOptions,
+                 banned: frozenset[int], stats: _StepStats, *, batch_size: int,
+                 label: str) -> dict[str, list[Hypothesis]]:
+    """Best hypothesis per record from each backend, through the same search on the same pixels; ``stats`` gains
+    the teacher-forced comparison along the reference's captions."""
+    hyps: dict[str, list[Hypothesis]] = {side: [] for side in backends}
+    for start in tqdm(range(0, len(records), batch_size), desc=label, unit="batch"):
+        chunk = records[start:start + batch_size]
+        pixels = load_images([r.path for r in chunk], prep)
+        for side, engine in backends.items():
+            found = beam_search(engine.encode(pixels), len(chunk), options, bad_ending_ids=banned)
+            hyps[side] += [h[0] for h in found]
+        forced_words = [h.tokens + (EOS,) for h in hyps["reference"][start:]]
+        forced = [teacher_forced(engine, pixels, forced_words) for engine in backends.values()]
+        lengths = np.array([len(w) for w in forced_words])
+        for position, (ref, cand) in enumerate(zip(*forced, strict=True)):
+            inside = lengths > position
+            stats.add(position, ref[inside], cand[inside])
+    return hyps
+
+
+def gate_failures(delta: float, identical: float, threshold: Threshold) -> list[str]:
+    """Why a candidate fails its precision's gate; empty when it passes."""
+    failures = []
+    if abs(delta) > threshold.max_delta_cider:
+        failures.append(f"|ΔCIDEr| {abs(delta):.2f} > {threshold.max_delta_cider}")
+    if identical < threshold.min_identical_rate:
+        failures.append(f"identical captions {100 * identical:.1f}% < {100 * threshold.min_identical_rate:.0f}%")
+    return failures
+
+
 def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, backend: str = "ort",
                precision: str = "fp32", options: SearchOptions, reference_path: Path | None = None,
                evaluator: Evaluator, data_name: str = "", batch_size: int = 25) -> ParityResult:
@@ -166,22 +197,10 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
     k = manifest.topk
     reference_backend = TorchBackend(loaded.model, k)
     candidate_backend = open_backend(export_dir, manifest, backend=backend, precision=precision)
-    banned = bad_ending_ids(loaded.vocab.words, options.bad_endings)
     stats = _StepStats(k)
-    hyps: dict[str, list[Hypothesis]] = {"reference": [], "candidate": []}
-    for start in tqdm(range(0, len(records), batch_size), desc=f"parity {backend} {precision}", unit="batch"):
-        chunk = records[start:start + batch_size]
-        pixels = load_images([r.path for r in chunk], loaded.prep)
-        for side, engine in (("reference", reference_backend), ("candidate", candidate_backend)):
-            found = beam_search(engine.encode(pixels), len(chunk), options, bad_ending_ids=banned)
-            hyps[side] += [h[0] for h in found]
-        forced_words = [h.tokens + (EOS,) for h in hyps["reference"][start:]]
-        forced = [teacher_forced(engine, pixels, forced_words) for engine in (reference_backend, candidate_backend)]
-        lengths = np.array([len(w) for w in forced_words])
-        for position, (ref, cand) in enumerate(zip(*forced, strict=True)):
-            inside = lengths > position
-            stats.add(position, ref[inside], cand[inside])
-
+    hyps = _decode_both(records, {"reference": reference_backend, "candidate": candidate_backend}, loaded.prep,
+                        options, bad_ending_ids(loaded.vocab.words, options.bad_endings), stats,
+                        batch_size=batch_size, label=f"parity {backend} {precision}")
     ids = [r.image_id for r in records]
     texts = {side: dict(zip(ids, (loaded.vocab.decode(h.tokens) for h in found), strict=True))
              for side, found in hyps.items()}
@@ -195,11 +214,7 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
     delta = 100 * (scores["candidate"].metrics["CIDEr"] - scores["reference"].metrics["CIDEr"])
     identical = float(np.mean(same))
     threshold = THRESHOLDS[precision]
-    failures = []
-    if abs(delta) > threshold.max_delta_cider:
-        failures.append(f"|ΔCIDEr| {abs(delta):.2f} > {threshold.max_delta_cider}")
-    if identical < threshold.min_identical_rate:
-        failures.append(f"identical captions {100 * identical:.1f}% < {100 * threshold.min_identical_rate:.0f}%")
+    failures = gate_failures(delta, identical, threshold)
     differing = [{"image_id": i, "reference": texts["reference"][i], "candidate": texts["candidate"][i]}
                  for i, s in zip(ids, same, strict=True) if not s][:20]
     return ParityResult(backend=backend, precision=precision, split=split, options=options,

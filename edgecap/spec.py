@@ -1,6 +1,6 @@
 """The export contract, torch-free: tensor names, roles and the state in -> out pairs.
 
-Names are data, declared once (STYLE.md rule 3): models write their memory and
+Names are data, declared once: models write their memory and
 state under these keys, the exporter names graph inputs and outputs with them,
 and the runtime, calibration and TensorRT profiles read them from the manifest.
 """

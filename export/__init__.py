@@ -1,1 +1,1 @@
-"""PyTorch -> ONNX export of a captioner's encoder and single-step decoder (DESIGN.md §4)."""
+"""PyTorch -> ONNX export of a captioner's encoder and single-step decoder (the export contract: docs/design.md)."""

@@ -1,7 +1,7 @@
 """Export a trained captioner to ``encoder.onnx`` + ``step.onnx`` and prove each graph against PyTorch.
 
 torch 2.13's default exporter (``dynamo=True``) at opset 18 (opset 17 breaks the
-LSTM cell's Split, see TOOLCHAIN.md), one file each (``external_data=False``),
+LSTM cell's Split), one file each (``external_data=False``),
 only the row axis N dynamic. Every graph is checked by onnx, shape-inferred and
 run by ONNX Runtime on random and real inputs; all mismatches are collected
 into one error that names the output, both shapes and the max difference.
@@ -92,6 +92,30 @@ def _specs(names: list[str], tensors: tuple[torch.Tensor, ...], role_for=spec.ro
                  for n, t in zip(names, tensors, strict=True))
 
 
+def _validate(encoder: EncoderGraph, step: StepGraph, out_dir: Path, real_pixels: np.ndarray, *, vocab_size: int,
+              n_memory: int) -> list[Mismatch]:
+    """Every output of both written graphs against PyTorch, on the real photos and on random pixels."""
+    sessions = {g: cpu_session(out_dir / f"{g}.onnx") for g in ("encoder", "step")}
+    size = real_pixels.shape[-1]
+    mismatches = []
+    checks = [torch.from_numpy(real_pixels.astype(np.float32)), torch.randn(3, 3, size, size)]
+    for batch in checks:
+        encoded = encoder(batch)
+        got = sessions["encoder"].run(encoder.output_names, {spec.PIXELS: batch.numpy()})
+        mismatches += _compare("encoder", encoder.output_names, encoded, got, TOLERANCE["encoder"])
+        n = batch.shape[0]
+        reorder = torch.from_numpy(np.random.default_rng(0).integers(0, n, n))
+        feeds = (torch.randint(4, vocab_size, (n,)), torch.tensor(3), reorder, *encoded[n_memory:],
+                 *encoded[: n_memory])
+        got = sessions["step"].run(step.output_names, {name: f.numpy() for name, f in zip(step.input_names, feeds,
+                                                                                           strict=True)})
+        want = step(*feeds)
+        # Top-k ids can legitimately swap between near-tied words; the log-probs themselves are compared.
+        mismatches += [m for m in _compare("step", step.output_names, want, got, TOLERANCE["step"])
+                       if m.output != spec.TOPK_IDS or m.actual_shape != m.expected_shape]
+    return mismatches
+
+
 @torch.no_grad()
 def export_onnx(loaded: LoadedModel, out_dir: Path, *, real_pixels: np.ndarray, k: int = 6,
                 max_length: int = 20) -> Manifest:
@@ -118,23 +142,8 @@ def export_onnx(loaded: LoadedModel, out_dir: Path, *, real_pixels: np.ndarray, 
             dynamic_shapes={"tokens": {0: rows}, "step": None, "reorder": {0: rows},
                             "tensors": tuple({0: rows} for _ in first[3:])})
 
-    sessions = {g: cpu_session(out_dir / f"{g}.onnx") for g in ("encoder", "step")}
-    mismatches = []
-    checks = [torch.from_numpy(real_pixels.astype(np.float32)), torch.randn(3, 3, size, size)]
-    for batch in checks:
-        encoded = encoder(batch)
-        got = sessions["encoder"].run(encoder.output_names, {spec.PIXELS: batch.numpy()})
-        mismatches += _compare("encoder", encoder.output_names, encoded, got, TOLERANCE["encoder"])
-        n = batch.shape[0]
-        reorder = torch.from_numpy(np.random.default_rng(0).integers(0, n, n))
-        feeds = (torch.randint(4, len(loaded.vocab), (n,)), torch.tensor(3), reorder, *encoded[len(memory_names):],
-                 *encoded[: len(memory_names)])
-        got = sessions["step"].run(step.output_names, {name: f.numpy() for name, f in zip(step.input_names, feeds,
-                                                                                           strict=True)})
-        want = step(*feeds)
-        # Top-k ids can legitimately swap between near-tied words; the log-probs themselves are compared.
-        mismatches += [m for m in _compare("step", step.output_names, want, got, TOLERANCE["step"])
-                       if m.output != spec.TOPK_IDS or m.actual_shape != m.expected_shape]
+    mismatches = _validate(encoder, step, out_dir, real_pixels, vocab_size=len(loaded.vocab),
+                           n_memory=len(memory_names))
     if mismatches:
         raise ExportValidationError(mismatches)
 

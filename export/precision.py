@@ -1,7 +1,7 @@
-"""Reduced-precision copies of the exported graphs: precision lives in the ONNX file (DESIGN.md §7).
+"""Reduced-precision copies of the exported graphs: precision lives in the ONNX file (docs/design.md).
 
 fp16 uses the converter shipped with onnxruntime (onnxconverter-common's was seen
-to emit an invalid LSTM step, TOOLCHAIN.md) with fp32 inputs and outputs. What
+to emit an invalid LSTM step) with fp32 inputs and outputs. What
 accuracy needs stays fp32: softmax, log-softmax, top-k, reductions, and the
 elementwise ops that carry an LSTM's cell state from one step to the next, where
 fp16 rounding would accumulate over a caption.

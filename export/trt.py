@@ -1,6 +1,6 @@
 """``edgecap export --trt``: strongly typed TensorRT engines from the precision graphs of an export directory.
 
-Precision lives in the ONNX file (DESIGN.md §7): the fp16 graph is mixed precision, the int8 graph explicit Q/DQ,
+Precision lives in the ONNX file (docs/design.md): the fp16 graph is mixed precision, the int8 graph explicit Q/DQ,
 and every network is created STRONGLY_TYPED, so TensorRT builds the types the graph declares (10.3 on Jetson
 accepts this; 11 builds nothing else). Each engine has one optimisation profile over the rows N of every
 N-shaped input (``edgecap.runtime.engines.profile_rows``). Plans are cached in ``engines/`` under a key of GPU,

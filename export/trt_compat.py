@@ -1,6 +1,6 @@
 """Will TensorRT build this ONNX graph as typed? Checked on the file, with onnx alone (no GPU, no TensorRT).
 
-A strongly typed build takes precision from the graph (DESIGN.md §7), so what TensorRT refuses or silently
+A strongly typed build takes precision from the graph (docs/design.md), so what TensorRT refuses or silently
 mis-builds is visible in the file: an INT8 graph must be explicit, symmetric Q/DQ (zero point 0, int8), with
 per-channel weight scales on each layer's output-channel axis, no DequantizeLinear of INT32 (a quantised bias),
 opset >= 13; every graph keeps the manifest's fp32 inputs and outputs, so the runtime's buffers fit. ``edgecap

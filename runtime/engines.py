@@ -1,6 +1,6 @@
 """TensorRT engine bookkeeping with neither tensorrt nor torch: profiles, cache keys, manifest records.
 
-An engine is tied to the GPU model, its compute capability and the TensorRT version that built it (TOOLCHAIN.md),
+An engine is tied to the GPU model, its compute capability and the TensorRT version that built it,
 and to the ONNX file and the optimisation profile it was built from. ``edgecap export --trt`` records each plan in
 the manifest's ``engines`` under a key hashed from all of these; the runtime loads only a record that matches this
 machine and the graph file as it is now, and refuses any other with one line that says what differs. Everything

@@ -1,6 +1,6 @@
 """Backend-agnostic beam search in numpy: step -> logit filters -> beam update -> ranker.
 
-The search sees a decoder only through ``StepSession`` (DESIGN.md §6), so the
+The search sees a decoder only through ``StepSession`` (docs/design.md), so the
 PyTorch reference, ONNX Runtime and TensorRT are driven by the very same code
 and parity measures only what export and precision change. The session returns
 the top-k candidates of every row; filters work on those k, which is why k
@@ -46,7 +46,7 @@ class StepSession(Protocol):
         """Repeat every memory and state row ``beam_size`` times (row b -> rows b*beam .. b*beam+beam-1).
 
         Called once, before the first step, so every tensor of every step has the same N = batch * beam rows:
-        the one dynamic dimension of the graph contract (DESIGN.md §4).
+        the one dynamic dimension of the graph contract (docs/design.md).
         """
 
 
@@ -282,6 +282,33 @@ class _Finished:
 
 # ---- the search ---------------------------------------------------------------------------------------------------
 
+def _record_finished(update: BeamUpdate, cumulative: np.ndarray, history: np.ndarray, finished: _Finished,
+                     done: np.ndarray, *, position: int, length_bound: float) -> bool:
+    """Add this step's ended hypotheses to ``finished`` and mark the images that are done (``done``, in place);
+    True when some image is done.
+
+    An image is done once it has no live beam (a done image's rows stay at -inf, so it stays so), or when it holds
+    ``beam`` hypotheses and, since adding words only lowers a log-prob (<= 0), no live beam can score above
+    best / max_length**alpha. An image left with no live beam and no hypothesis ends its best beam where it stands.
+    While every beam lives and no image is full, nothing is done: the common step skips the bookkeeping.
+    """
+    beam = cumulative.shape[1]
+    for b, r, logprob in zip(update.ended_image.tolist(), update.ended_row.tolist(), update.ended_logprob.tolist(),
+                             strict=True):
+        finished.add(b, history[b * beam + r], logprob, step=position, row=b * beam + r)
+    best = update.cumulative[:, 0]
+    alive = np.isfinite(best)
+    all_alive = bool(alive.all())
+    if not all_alive:
+        for b in (~done & ~alive & (finished.count == 0)).nonzero()[0].tolist():
+            r = int(cumulative[b].argmax())
+            finished.add(b, history[b * beam + r], float(cumulative[b, r]), step=position, row=b * beam + r)
+        done |= ~alive
+    if finished.full:
+        done |= (finished.count == beam) & (best / length_bound <= finished.worst)
+    return not all_alive or (finished.full > 0 and bool(done.any()))
+
+
 def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *,
                 bad_ending_ids: frozenset[int] = frozenset()) -> list[list[Hypothesis]]:
     """Up to ``beam_size`` finished hypotheses per image, best first, deterministic.
@@ -324,27 +351,8 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
         else:
             scores, ids = force_end(logprobs, ids)
         update = update_beams(cumulative, scores, ids, beam)
-        if len(update.ended_image):
-            for b, r, logprob in zip(update.ended_image.tolist(), update.ended_row.tolist(),
-                                     update.ended_logprob.tolist(), strict=True):
-                row = b * beam + r
-                finished.add(b, history[row], logprob, step=position, row=row)
-        # An image is done once it has no live beam (a done image's rows stay at -inf, so it stays so), or when
-        # it holds ``beam`` hypotheses and, since adding words only lowers a log-prob (<= 0), no live beam can
-        # score above best / max_length**alpha. While every beam lives and no image is full, nothing is done:
-        # the common step skips the bookkeeping.
-        best = update.cumulative[:, 0]
-        alive = np.isfinite(best)
-        all_alive = bool(alive.all())
-        if not all_alive:
-            for b in (~done & ~alive & (finished.count == 0)).nonzero()[0].tolist():
-                r = int(cumulative[b].argmax())
-                row = b * beam + r
-                finished.add(b, history[row], float(cumulative[b, r]), step=position, row=row)
-            done |= ~alive
-        if finished.full:
-            done |= (finished.count == beam) & (best / length_bound <= finished.worst)
-        some_done = not all_alive or (finished.full > 0 and bool(done.any()))
+        some_done = _record_finished(update, cumulative, history, finished, done, position=position,
+                                     length_bound=length_bound)
         if position == options.max_length or some_done and done.all():
             break
         reorder = (first_rows + update.parent).reshape(-1)

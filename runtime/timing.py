@@ -95,7 +95,7 @@ def time_captions(backend: Backend, pixels: np.ndarray, options: SearchOptions, 
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One configuration's figures. The first fields are the stable bench JSON contract (DESIGN.md §8)."""
+    """One configuration's figures. The first fields are the stable bench JSON contract (docs/parity-and-bench.md)."""
 
     backend: str
     precision: str
@@ -132,7 +132,7 @@ def step_ms_by_position(steps: Sequence[np.ndarray]) -> tuple[float, ...]:
     """Median ms of each step position over the runs that reached it.
 
     A decoder that re-read its whole prefix would slow down word by word; the LSTM state and the static KV cache
-    (DESIGN.md §4) keep every step the same size, and this profile is how a user sees that they do.
+    keep every step the same size, and this profile is how a user sees that they do.
     """
     longest = max((len(s) for s in steps), default=0)
     return tuple(float(np.median([s[p] for s in steps if len(s) > p]) * 1e3) for p in range(longest))

@@ -55,7 +55,7 @@ def main() -> None:
                         help="where the weights go, MODEL_CARD.md beside them (default: the shipped default)")
     parser.add_argument("--weights", choices=("fp16", "int8"), default="fp16",
                         help="int8: the decoder's large matrices as int8 with per-row scales, half fp16's size (the "
-                             "encoder stays fp16: INT8 kernels cost the shipped Lite2 0.6 CIDEr-D, its decoder none)")
+                             "encoder stays fp16: INT8 costs a fine-tuned encoder more than the decoder)")
     args = parser.parse_args()
     payload = read_checkpoint(args.run)
     fine_tuned = payload["encoder"] is not None

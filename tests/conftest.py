@@ -1,3 +1,4 @@
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,10 @@ def coco_mini_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_export(tmp_path_factory) -> Path:
     """A tiny SAT trained on shapes for 150 steps (``run/``) and exported in fp32 and fp16 (``exp/``)."""
-    from tests.test_cli import invoke
+    from tests.helpers import invoke
 
+    for package in ("torch", "onnx"):
+        pytest.importorskip(package, reason=f"training and exporting need {package} (the train and export extras)")
     root = tmp_path_factory.mktemp("export")
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(root / "run"),
                           "--max-steps", "150", "--set", "select.images=20")
@@ -39,7 +42,7 @@ def tiny_export(tmp_path_factory) -> Path:
 def int8_export(tiny_export, tmp_path_factory) -> Path:
     """``tiny_export``'s run exported by the CLI with INT8 graphs in the TensorRT scheme (the default), every layer
     INT8 (``exp/``; fp32 + int8)."""
-    from tests.test_cli import invoke
+    from tests.helpers import invoke
 
     directory = tmp_path_factory.mktemp("int8") / "exp"
     code, output = invoke("export", str(tiny_export / "run"), "--out", str(directory), "--precision", "fp32,int8",
@@ -51,7 +54,9 @@ def int8_export(tiny_export, tmp_path_factory) -> Path:
 
 
 def pytest_configure(config):
-    """One intra-op thread: tiny models gain nothing from two, and two threads collapse under contention."""
-    import torch
+    """One intra-op thread: tiny models gain nothing from two, and two threads collapse under contention. torch only
+    where it is installed: ``pytest tests/runtime`` runs on an install with the runtime extra alone."""
+    if importlib.util.find_spec("torch") is not None:
+        import torch
 
-    torch.set_num_threads(1)
+        torch.set_num_threads(1)

@@ -29,6 +29,7 @@ def evaluator():
 
 
 @needs_scoring
+@pytest.mark.slow  # a JVM start for METEOR
 def test_perfect_candidates_score_high_and_poor_ones_low(evaluator):
     perfect, poor = evaluator.score(REFERENCES, PERFECT), evaluator.score(REFERENCES, POOR)
     names = {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"}
@@ -41,6 +42,7 @@ def test_perfect_candidates_score_high_and_poor_ones_low(evaluator):
 
 
 @needs_scoring
+@pytest.mark.slow  # a JVM start for METEOR
 def test_spice_is_skipped_with_a_reason_when_its_jars_are_absent(evaluator):
     if spice_skip_reason() is None:
         pytest.skip("the SPICE jars are installed here")
@@ -50,6 +52,7 @@ def test_spice_is_skipped_with_a_reason_when_its_jars_are_absent(evaluator):
 
 
 @needs_scoring
+@pytest.mark.slow  # a JVM start for METEOR
 def test_meteor_process_is_reused_across_calls_and_stopped_on_close(evaluator):
     # Closes the shared evaluator: kept after the other tests that use it, or they would start a new JVM.
     evaluator.score(REFERENCES, PERFECT)
@@ -75,6 +78,7 @@ def test_missing_java_names_the_fix(monkeypatch, tmp_path):
         Evaluator().score(REFERENCES, PERFECT)
 
 
+@needs_scoring
 def test_candidates_need_references():
     with pytest.raises(ValueError, match="have no references"):
         Evaluator().score(REFERENCES, {"unknown": "a dog"})

@@ -8,8 +8,8 @@ import pytest
 
 from edgecap.data import load_dataset
 from edgecap.runtime.manifest import Manifest
+from tests.helpers import invoke
 from tests.needs import needs_scoring
-from tests.test_cli import invoke
 from tests.without_torch import run_without
 
 

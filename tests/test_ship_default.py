@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import invoke
 from tests.needs import needs_scoring
-from tests.test_cli import invoke
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ship_default.py"
 

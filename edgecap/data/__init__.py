@@ -9,7 +9,7 @@ from edgecap.errors import DataError
 
 __all__ = ["CaptionDataset", "ImageRecord", "load_dataset", "KINDS"]
 
-KINDS = ("flickr8k", "karpathy", "coco", "shapes")
+KINDS = ("flickr8k", "folder", "karpathy", "coco", "shapes")
 
 
 def _existing(path_text: str, spec: str) -> Path:
@@ -22,7 +22,8 @@ def _existing(path_text: str, spec: str) -> Path:
 def load_dataset(spec: str) -> CaptionDataset:
     """A dataset from its spec.
 
-    ``flickr8k:DIR``, ``karpathy:FILE.json[:IMAGE_ROOT]``, ``coco:DIR_OR_JSON[:IMAGE_ROOT]`` or ``shapes[:DIR]``.
+    ``flickr8k:DIR``, ``folder:DIR`` (photos and a captions.csv), ``karpathy:FILE.json[:IMAGE_ROOT]``,
+    ``coco:DIR_OR_JSON[:IMAGE_ROOT]`` or ``shapes[:DIR]``.
     """
     kind, _, rest = spec.partition(":")
     if kind == "shapes":
@@ -30,8 +31,8 @@ def load_dataset(spec: str) -> CaptionDataset:
 
         return load_shapes(Path(rest).expanduser() if rest else None)
     if kind not in KINDS or not rest:
-        raise DataError(f"data spec '{spec}': expected one of flickr8k:DIR, karpathy:FILE.json[:IMAGE_ROOT], "
-                        "coco:DIR_OR_JSON[:IMAGE_ROOT], shapes")
+        raise DataError(f"data spec '{spec}': expected one of flickr8k:DIR, folder:DIR, "
+                        "karpathy:FILE.json[:IMAGE_ROOT], coco:DIR_OR_JSON[:IMAGE_ROOT], shapes")
     path_text, _, root_text = rest.partition(":")
     path = _existing(path_text, spec)
     root = _existing(root_text, spec) if root_text else None
@@ -39,6 +40,10 @@ def load_dataset(spec: str) -> CaptionDataset:
         from edgecap.data.flickr8k import read_flickr8k
 
         return read_flickr8k(path)
+    if kind == "folder":
+        from edgecap.data.folder import read_folder
+
+        return read_folder(path)
     if kind == "karpathy":
         from edgecap.data.karpathy import read_karpathy
 

@@ -31,7 +31,7 @@ layers), and the captioner only through the aligned pass. L_IC(α^p) is the pert
 the next words forward() can see (its input tokens shifted by one; the last position, whose word is not given,
 is left out; <pad> excluded). ``forward`` returns it, already weighted, as ``auxiliary_loss`` in training mode.
 
-Modules only; the step contract is SAT's (STYLE.md rule 2), with a static KV cache as state (``spec.STATE_KV``)
+Modules only; the step contract is SAT's (docs/design.md), with a static KV cache as state (``spec.STATE_KV``)
 and the image's cross-attention keys/values as memory (``spec.MEMORY_CROSS_KV``), both batch first.
 """
 

@@ -193,8 +193,8 @@ def read_encoder_weights(path: Path) -> dict[str, torch.Tensor]:
                          "pass a torch state dict or an edgecap checkpoint") from None
     if isinstance(payload, dict) and "format" in payload:
         if not payload.get("encoder"):
-            raise ModelError(f"'{path}': this checkpoint's encoder was frozen, so it stores no encoder weights; "
-                             "pass a checkpoint trained with --finetune-encoder")
+            raise ModelError(f"'{path}': this checkpoint stores no encoder (its ImageNet encoder was frozen); pass a "
+                             "checkpoint whose encoder trained (--finetune-encoder) or came from encoder.weights")
         payload = payload["encoder"]
     if not isinstance(payload, dict) or not all(isinstance(v, torch.Tensor) for v in payload.values()):
         raise ModelError(f"'{path}': holds no state dict; pass a torch state dict or an edgecap checkpoint")

@@ -31,7 +31,7 @@ Decoder layer n (post-norm; h^0_t = dropout(x_t); the word self-attention's keys
     feed-forward                  h^n_t = LN(c_l + FFN(c_l))
 
 H_a is one module per layer, shared by the global attribute and the local cross-modal distilling (the
-issue's "shared parameters"), so A's keys/values are one memory tensor. Output p(y_t) = softmax(W_o h^N_t).
+paper's "shared parameters"), so A's keys/values are one memory tensor. Output p(y_t) = softmax(W_o h^N_t).
 
 The cross-modal base model (paper Fig. 2 left, ``variant="base"``) keeps the attribute head, the region
 self-attention and the shared attention modules but drops the distilling: t~ = h_t, no aspect vector, and

@@ -1,6 +1,6 @@
 """Show, Attend and Tell (Xu et al. 2015): LSTM decoder with soft or hard attention.
 
-Modules only. The step contract (STYLE.md rule 2): ``prepare`` turns grid features
+Modules only. The step contract (docs/design.md): ``prepare`` turns grid features
 into the per-image memory and the initial state once; ``step`` advances every row
 by one word; ``forward`` is the teacher-forced equivalent used for training.
 """

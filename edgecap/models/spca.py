@@ -6,7 +6,7 @@ M^S = sigmoid(Conv(ReLU(Conv(F_t)))) (1 x side x side) and a channel map M^C = s
 Both first layers are linear in F_t, so each splits into an image half, computed once per image by ``prepare``,
 and an h half, the only part a step computes (for the variants where the branch sees the raw V).
 
-Modules only; the step contract is SAT's (STYLE.md rule 2).
+Modules only; the step contract is SAT's (docs/design.md).
 """
 
 from __future__ import annotations

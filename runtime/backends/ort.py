@@ -16,8 +16,7 @@ from edgecap.runtime.manifest import Manifest
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 # Since 1.21, ONNX Runtime's WeightBiasQuantization pass quantises, per tensor and at load time, the float weights of
-# every Conv / Gemm that reads a DequantizeLinear output: the very layers an INT8 export keeps fp32 on purpose. On
-# the shipped Lite2 encoder, one depthwise convolution "kept fp32" that way tripled the features' INT8 error.
+# every Conv / Gemm that reads a DequantizeLinear output: the very layers an INT8 export keeps fp32 on purpose.
 FP32_PRESERVING = {"disabled_optimizers": ["WeightBiasQuantization"]}
 
 
@@ -144,7 +143,7 @@ class OrtBackend:
             raise ModelError(f"ONNX Runtime has no {device} provider here (active: {self.step.get_providers()}); "
                              "install onnxruntime-gpu on a machine with an NVIDIA GPU, or use --device cpu")
         self.manifest = manifest
-        # State stays on the GPU between steps; on the CPU binding buys nothing (TOOLCHAIN.md), so it is opt-in there.
+        # State stays on the GPU between steps; on the CPU binding buys nothing, so it is opt-in there.
         use_binding = device != "cpu" if io_binding is None else io_binding
         self.binding_device = ("cpu" if device == "cpu" else "cuda") if use_binding else None
         self.output_names = [t.name for t in manifest.encoder_outputs]

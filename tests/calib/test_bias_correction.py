@@ -62,7 +62,7 @@ def test_export_with_bias_correction_records_it_and_drifts_less(tiny_export, int
     to fp32 on average per channel, and the manifest and summary say the graphs were corrected."""
     from edgecap.calib.feeds import load_encoder_feeds
     from edgecap.runtime.manifest import Manifest
-    from tests.test_cli import invoke
+    from tests.helpers import invoke
 
     out = tmp_path / "exp"
     code, output = invoke("export", str(tiny_export / "run"), "--out", str(out), "--precision", "fp32,int8",

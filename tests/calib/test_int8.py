@@ -17,7 +17,7 @@ def _fresh_copy(tiny_export, target):
 
 
 def test_int8_export_without_calibration_data_is_a_one_line_error(tmp_path):
-    from tests.test_cli import invoke
+    from tests.helpers import invoke
 
     code, output = invoke("export", "--out", str(tmp_path / "exp"), "--precision", "fp32,int8")
     assert code == 2 and "--calib-data" in output and not (tmp_path / "exp").exists()
@@ -212,7 +212,7 @@ def test_int8_step_alone_runs_beside_the_fp16_encoder(tiny_export, tmp_path, mon
     from edgecap.runtime.manifest import GraphInt8, Manifest
     from edgecap.runtime.pipeline import Captioner
     from edgecap.runtime.search import SearchOptions
-    from tests.test_cli import invoke
+    from tests.helpers import invoke
 
     directory = tmp_path / "exp"
     monkeypatch.chdir(tmp_path)  # a relative --out, as the README writes it
@@ -234,7 +234,7 @@ def test_int8_step_alone_runs_beside_the_fp16_encoder(tiny_export, tmp_path, mon
 
 
 def test_int8_graphs_option_rejects_unknown_graphs(tmp_path):
-    from tests.test_cli import invoke
+    from tests.helpers import invoke
 
     code, output = invoke("export", "--out", str(tmp_path / "exp"), "--precision", "fp32,int8", "--calib-data",
                           "shapes", "--int8-graphs", "decoder")

@@ -5,8 +5,8 @@ import textwrap
 
 import pytest
 
+from tests.helpers import invoke
 from tests.needs import needs_scoring
-from tests.test_cli import invoke
 from tests.without_torch import run_without_torch
 
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from edgecap.models import MODELS
+from tests.helpers import invoke
 from tests.needs import needs_scoring
-from tests.test_cli import invoke
 
 
 def _interface(path):

@@ -6,7 +6,7 @@ import pytest
 
 from edgecap.errors import ModelError
 from edgecap.runtime.manifest import MANIFEST_NAME, Manifest
-from tests.test_cli import invoke
+from tests.helpers import invoke
 from tests.without_torch import run_without_torch
 
 

@@ -23,7 +23,7 @@ from edgecap.runtime.engines import (
     profile_shapes,
 )
 from edgecap.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, TensorSpec
-from tests.test_cli import invoke, run_cli_without
+from tests.helpers import invoke, run_cli_without
 from tests.without_torch import run_without_torch
 
 HERE = DeviceInfo("NVIDIA H100 80GB HBM3", "9.0", "10.8.0")
@@ -289,7 +289,7 @@ def test_graphs_broken_on_purpose_fail_the_check(tiny_export, int8_export, tmp_p
 @pytest.mark.slow
 def test_export_trt_without_onnx_names_the_trt_extra(tiny_export):
     output = run_cli_without("onnx", ["export", str(tiny_export / "exp"), "--trt", "--precision", "fp32"])
-    message, status = output.strip().splitlines()
+    *_, message, status = output.strip().splitlines()  # after the stage line, one line and the exit status
     assert status == "exit 2" and message.startswith("error: checking graphs for TensorRT needs onnx")
     assert "pip install edgecap[trt]" in message
 

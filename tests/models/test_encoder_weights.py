@@ -93,7 +93,7 @@ def _damaged_int8_checkpoint(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(("make", "name", "message"), [
     (lambda tmp: tmp / "missing.pt", "efficientnet_lite0", "no such encoder weights file"),
     (_garbage, "efficientnet_lite0", "not a readable weights file"),
-    (_frozen_checkpoint, "efficientnet_lite0", "stores no encoder weights"),
+    (_frozen_checkpoint, "efficientnet_lite0", "stores no encoder"),
     (lambda tmp: _save_weights(tmp, "state dict", _lite0(seed=1)), "efficientnet_lite2", "do not fit"),
     (_damaged_int8_checkpoint, "efficientnet_lite0", "INT8 weights without their scales"),
 ])

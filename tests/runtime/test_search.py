@@ -1,4 +1,4 @@
-"""Beam search on synthetic log-prob tables, with no model at all (STYLE.md rule 5)."""
+"""Beam search on synthetic log-prob tables, with no model at all."""
 
 import itertools
 from collections.abc import Callable, Sequence

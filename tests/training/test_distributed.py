@@ -10,7 +10,7 @@ from edgecap.checkpoint import load_model
 from edgecap.data.shapes import generate_shapes
 from edgecap.errors import EdgecapError
 from edgecap.training import distributed
-from tests.test_cli import invoke
+from tests.helpers import invoke
 
 # 64 images x 5 captions = 320 pairs: 10 global batches of 32 per epoch. Dropout off so the runs are comparable.
 TINY = ["--preset", "tiny", "--set", "model.dropout=0", "--set", "select.images=8"]

@@ -4,7 +4,7 @@ import pytest
 
 from edgecap.checkpoint import read_checkpoint
 from edgecap.data.shapes import generate_shapes
-from tests.test_cli import invoke
+from tests.helpers import invoke
 
 
 @pytest.fixture(scope="module")

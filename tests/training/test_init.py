@@ -10,7 +10,7 @@ from edgecap.config import EncoderConfig, SCSTConfig, TrainConfig, XEConfig
 from edgecap.data.shapes import generate_shapes
 from edgecap.errors import EdgecapError
 from edgecap.weight_storage import INT8, pack_int8, stored_weights
-from tests.test_cli import invoke
+from tests.helpers import invoke
 
 BATCH_NORM_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 

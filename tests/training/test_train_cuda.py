@@ -31,7 +31,7 @@ def _tensors(tree):
 
 
 def test_a_run_trains_on_the_gpu_and_its_checkpoints_load_on_the_cpu(tmp_path):
-    from tests.test_cli import SAMPLES, invoke
+    from tests.helpers import SAMPLES, invoke
 
     run = tmp_path / "cuda"
     torch.cuda.reset_peak_memory_stats()

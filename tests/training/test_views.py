@@ -21,7 +21,7 @@ from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_id, mir
 from edgecap.training.loop import Trainer
 from edgecap.training.runs import resolve_run
 from edgecap.vocab import Vocab
-from tests.test_cli import invoke
+from tests.helpers import invoke
 
 ENCODER = EncoderConfig(name="small_cnn", image_size=64, channels=8)
 PREP = Preprocessing(image_size=64)

@@ -67,7 +67,7 @@ def test_decay_out_of_range_is_refused(decay):
 
 @pytest.mark.slow
 def test_best_pt_keeps_the_average_and_a_resumed_run_carries_it_on(tmp_path):
-    from tests.test_cli import invoke
+    from tests.helpers import invoke
 
     run = tmp_path / "ema"
     code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(run), "--max-steps", "40",
