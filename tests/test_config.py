@@ -46,3 +46,34 @@ def test_derived_model_fields_cannot_be_set(field):
     assert field not in settable_fields("sat")
     with pytest.raises(EdgecapError, match=f"no field '{field}'"):
         resolve_run("sat", "shapes", "base", [f"model.{field}=7"])
+
+
+# The shipped decoder's run, as its config.json recorded it before the options were grouped (old name: value).
+SHIPPED_RUN = {"batch_size": 128, "lr": 0.0005, "encoder_lr": 0.0, "weight_decay": 0.0001, "warmup_steps": 300,
+               "epochs": 10, "max_steps": 0, "grad_clip": 2.0, "label_smoothing": 0.2, "ema_decay": 0.998,
+               "mirror_share": 0.5, "patience": 3, "seed": 0, "min_word_count": 5, "max_caption_length": 20,
+               "doubly_stochastic": 1.0, "hard_reinforce_weight": 0.1, "hard_entropy": 0.01,
+               "hard_baseline_decay": 0.9, "hard_expected_share": 0.5, "scst_epochs": 40, "scst_lr": 5e-05,
+               "scst_samples": 5, "scst_baseline": "mean", "scst_batch_images": 32, "scst_mirror_share": 0.5,
+               "eval_beam": 3, "eval_images": 0, "init": ""}
+OLD_NAMES = {"patience": "select.patience", "eval_beam": "select.beam", "eval_images": "select.images",
+             "encoder_lr": "optim.encoder_lr", "ema_decay": "optim.ema_decay", "weight_decay": "optim.weight_decay",
+             "warmup_steps": "optim.warmup_steps", "grad_clip": "optim.grad_clip", "lr": "optim.lr"}
+
+
+def test_the_shipped_recipe_preset_is_the_shipped_run_s_configuration():
+    spec = resolve_run(None, "flickr8k:DIR", "sat-flickr8k", [])
+    train = spec.train
+
+    def value(old: str):
+        if old in OLD_NAMES:
+            group, name = OLD_NAMES[old].split(".")
+            return getattr(getattr(train, group), name)
+        for prefix, group in (("scst_", train.scst), ("hard_", train.hard)):
+            if old.startswith(prefix):
+                return getattr(group, old[len(prefix):])
+        return getattr(train.xe, old) if hasattr(train.xe, old) else getattr(train, old)
+
+    assert {old: value(old) for old in SHIPPED_RUN} == SHIPPED_RUN
+    assert (spec.encoder.name, spec.encoder.image_size, spec.encoder.finetune) == ("efficientnet_lite2", 260, False)
+    assert spec.model == {"embed_dim": 256, "att_dim": 256}
