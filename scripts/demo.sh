@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
-# Set up .venv (see setup.sh), caption the bundled sample photos with the shipped model in PyTorch,
-# export it to ONNX (fp32 and mixed fp16 graphs) and caption the same photos through the torch-free
+# Set up .venv (see setup.sh), caption the bundled sample photos with the shipped model in PyTorch (drawing each one's
+# attention maps), export it to ONNX (fp32 and mixed fp16 graphs) and caption the same photos through the torch-free
 # ONNX Runtime path in both precisions.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$here/scripts/setup.sh"
 edgecap="${EDGECAP_VENV:-$here/.venv}/bin/edgecap"
-samples=("$here"/edgecap/assets/samples/*.jpg)
+samples="$here/edgecap/assets/samples"
 out="${TMPDIR:-/tmp}/edgecap-demo"
-echo "== PyTorch (shipped checkpoint) =="
-"$edgecap" caption "${samples[@]}" --attention "$out/attention.png"
+echo "== PyTorch (the shipped checkpoint) =="
+"$edgecap" caption "$samples" --attention "$out/attention"
 echo "== export to ONNX, then ONNX Runtime (no torch in this path) =="
 "$edgecap" export --out "$here/exports/default" --precision fp32,fp16
 for precision in fp32 fp16; do
     echo "-- ONNX Runtime, $precision graphs --"
-    "$edgecap" caption "${samples[@]}" --model "$here/exports/default" --backend ort --precision "$precision"
+    "$edgecap" caption "$samples" --model "$here/exports/default" --backend ort --precision "$precision"
 done
-echo "attention maps: $out/attention-*.png"

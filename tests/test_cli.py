@@ -211,8 +211,10 @@ def test_shipped_default_captions_the_sample_photos():
     assert code == 0, output
     captions = dict(line.split(": ", 1) for line in output.strip().splitlines())
     assert len(captions) == len(photos) and all(len(c.split()) >= 3 for c in captions.values())
-    # The grayscale cameraman is the one sample inside Flickr8k's world of people outdoors.
-    assert {"man", "person", "camera"} & set(captions[str(SAMPLES / "camera.jpg")].split())
+    # The samples inside Flickr8k's world of people, dogs and outdoor scenes get their subject named.
+    for photo, subject in (("camera", {"man", "person", "camera"}), ("skateboarder", {"skateboarder", "skateboard"}),
+                           ("beach", {"beach", "horses"}), ("dog", {"dog"})):
+        assert subject & set(captions[str(SAMPLES / f"{photo}.jpg")].split()), (photo, captions)
 
 
 def test_captioning_needs_no_scoring_package():
