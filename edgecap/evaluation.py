@@ -8,10 +8,14 @@ PATH; Java-free CIDEr for model selection lives in ``edgecap.cider``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
+import tempfile
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,6 +91,26 @@ def _stop_meteor(meteor: Meteor) -> None:
             meteor.lock.release()
 
 
+@contextmanager
+def _java_chatter_held() -> Iterator[None]:
+    """Hold back what the Java tokenizer writes to stderr ("PTBTokenizer tokenized N tokens at ..."); it is shown
+    only if tokenizing fails, when it is the reason."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 class Evaluator:
     """Scores candidates against references; keep one per run and reuse it.
 
@@ -133,13 +157,14 @@ class Evaluator:
             raise ValueError(f"{len(unreferenced)} candidate images have no references, e.g. {unreferenced[0]!r}")
         _require_java()
         # One tokenizer run (one JVM start) for both sides, told apart by the key's first element.
-        tokenized = PTBTokenizer().tokenize(
-            {
-                (side, image_id): [{"caption": c} for c in captions]
-                for image_id in candidates
-                for side, captions in (("ref", references[image_id]), ("cand", [candidates[image_id]]))
-            }
-        )
+        with _java_chatter_held():
+            tokenized = PTBTokenizer().tokenize(
+                {
+                    (side, image_id): [{"caption": c} for c in captions]
+                    for image_id in candidates
+                    for side, captions in (("ref", references[image_id]), ("cand", [candidates[image_id]]))
+                }
+            )
         gts = {image_id: tokenized["ref", image_id] for image_id in candidates}
         res = {image_id: tokenized["cand", image_id] for image_id in candidates}
 

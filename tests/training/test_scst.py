@@ -53,9 +53,27 @@ def test_self_critical_training_raises_the_reward():
     assert {"red", "circle"} <= set(first) and {"blue", "square"} <= set(second)
 
 
-def test_greedy_baseline_runs():
+def test_the_greedy_baseline_is_each_image_s_greedy_caption_reward():
     model, vocab, features = _model()
-    loss, reward = scst_loss(model, features, ["0", "1"], cider=CiderD(REFERENCES), vocab=vocab, samples=2,
-                             max_length=4, baseline="greedy")
-    loss.backward()
-    assert np.isfinite(reward)
+    with torch.no_grad():
+        greedy = words_of(sample_captions(model.eval(), features, samples=1, max_length=4, greedy=True)[0], vocab)
+    model.train()
+    # References that hold the greedy captions, so their reward, the baseline, is far from zero; two more images keep
+    # the greedy words out of some documents, or their idf would be zero.
+    cider = CiderD({**{image: [greedy[i], *REFERENCES[image]] for i, image in enumerate(("0", "1"))},
+                    "2": [["a", "red", "square"]], "3": [["the", "blue", "circle"]]})
+    torch.manual_seed(3)
+    loss, _ = scst_loss(model, features, ["0", "1"], cider=cider, vocab=vocab, samples=2, max_length=4,
+                        baseline="greedy")
+    torch.manual_seed(3)
+    tokens, logprobs, mask = sample_captions(model, features, samples=2, max_length=4)
+    rewards = cider.score(["0", "0", "1", "1"], words_of(tokens, vocab))
+    baseline = cider.score(["0", "1"], greedy).repeat(2)
+    assert baseline.min() > 0.5
+
+    def policy_loss(base):
+        advantage = torch.from_numpy((rewards - base).astype(np.float32))
+        return -(advantage[:, None] * logprobs * mask.float()).sum() / mask.float().sum()
+
+    torch.testing.assert_close(loss, policy_loss(baseline))
+    assert not torch.allclose(loss, policy_loss(np.zeros_like(baseline)))
