@@ -183,12 +183,14 @@ PRESETS: dict[str, Preset] = {
                                select=SelectionConfig(patience=8, beam=1, images=100),
                                min_word_count=1, max_caption_length=16),
                    size="tiny"),
-    "sat-flickr8k": Preset(
-        "the shipped SAT's decoder recipe: the shipped fine-tuned EfficientNet-Lite2 at 260 px, frozen (CPU)",
+    **{f"{model_id}-flickr8k": Preset(
+        f"{summary} on the shipped fine-tuned EfficientNet-Lite2 at 260 px, frozen: the shipped decoder's recipe (CPU)",
         dataclasses.replace(_LITE2, weights=SHIPPED),
         dataclasses.replace(_BASE_TRAIN, optim=_SHIPPED_OPTIM, xe=_SHIPPED_XE,
                             scst=SCSTConfig(epochs=40, lr=5e-5, mirror_share=0.5)),
-        model_id="sat"),
+        model_id=model_id)
+       for model_id, summary in (("sat", "the shipped SAT"), ("spca", "SPCA"), ("stackcap", "Stack-Captioning"),
+                                 ("a2", "A²"), ("glied", "GLIED"))},
     "sat-flickr8k-finetune": Preset(
         "the shipped encoder's recipe: EfficientNet-Lite2 at 260 px fine-tuned with a SAT decoder (GPU)",
         dataclasses.replace(_LITE2, finetune=True),

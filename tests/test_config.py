@@ -77,3 +77,10 @@ def test_the_shipped_recipe_preset_is_the_shipped_run_s_configuration():
     assert {old: value(old) for old in SHIPPED_RUN} == SHIPPED_RUN
     assert (spec.encoder.name, spec.encoder.image_size, spec.encoder.finetune) == ("efficientnet_lite2", 260, False)
     assert spec.model == {"embed_dim": 256, "att_dim": 256}
+
+
+@pytest.mark.parametrize("preset", sorted(name for name, p in PRESETS.items() if p.model_id is not None))
+def test_every_recipe_names_a_registered_model_and_builds_it(preset):
+    spec = resolve_run(None, "flickr8k:DIR", preset, [])
+    assert spec.model_id == PRESETS[preset].model_id in MODELS
+    build_model(spec.model_id, {"vocab_size": 50, "feature_dim": 64, "num_locations": 36, **spec.model})
