@@ -214,7 +214,8 @@ def add_int8(directory: Path, manifest: Manifest, dataset: CaptionDataset, optio
     say(f"int8: {options.method} ranges and {options.scheme} Q/DQ graphs of the {' and '.join(options.graphs)}")
     recipes = qdq_recipes(directory, manifest, feeds, npz, options)
     stand_in = "fp16" if "fp16" in manifest.graphs else "fp32"
-    stand_ins = {name: directory / manifest.graphs[stand_in][name] for name in GRAPHS if name not in recipes}
+    stand_in_files = dict(zip(GRAPHS, manifest.graph_files(directory, stand_in), strict=True))
+    stand_ins = {name: file for name, file in stand_in_files.items() if name not in recipes}
     say(f"int8: ΔCIDEr against fp32 on {len(heldout)} held-out {options.heldout_split} photos; layers that cost "
         f"more than {options.max_delta} stay fp32")
     scorer = CaptionScorer(directory, manifest, heldout, beam_size=options.beam, progress=progress)
@@ -227,6 +228,4 @@ def add_int8(directory: Path, manifest: Manifest, dataset: CaptionDataset, optio
     graphs |= {name: GraphInt8(file=path.name, quantized=False) for name, path in stand_ins.items()}
     report = _report(options, dataset, calibration, heldout, feeds, _Scored(found, scores), graphs, began)
     files = {name: graphs[name].file for name in GRAPHS}
-    updated = replace(manifest, graphs={**manifest.graphs, "int8": files}, quantization=report)
-    updated.write(directory)
-    return updated
+    return replace(manifest, graphs={**manifest.graphs, "int8": files}, quantization=report).write(directory)

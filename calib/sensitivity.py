@@ -13,7 +13,7 @@ met every tried layer stays fp32 (the most accurate set tried) and the result sa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -45,10 +45,8 @@ class CaptionScorer:
 
     def captions(self, encoder: Path, step: Path) -> list[str]:
         """Held-out captions through the graph files ``encoder`` and ``step``, decoded as the runtime decodes."""
-        # Absolute paths: Manifest.graph_files joins each entry to the export directory, which leaves these as they are.
-        trial = {"encoder": str(encoder.resolve()), "step": str(step.resolve())}
-        manifest = replace(self.manifest, graphs={**self.manifest.graphs, TRIAL: trial})
-        captioner = Captioner(OrtBackend(self.directory, manifest, precision=TRIAL), manifest)
+        backend = OrtBackend(self.directory, self.manifest, precision=TRIAL, files=(encoder, step))
+        captioner = Captioner(backend, self.manifest)
         out = []
         starts = range(0, len(self.pixels), self.batch_size)
         for start in tqdm(starts, desc="captioning held-out photos", unit="batch", leave=False,

@@ -212,10 +212,9 @@ def export_model(
     = _ENGINES.opt_batch,
 ) -> None:
     """Export the encoder and single-step decoder to ONNX, validated against PyTorch; --trt builds engines."""
-    from edgecap.export.pipeline import ExportOptions, build_engines, export_run
+    from edgecap.export.pipeline import ExportOptions, add_engines, export_run
     from edgecap.model_source import is_export
     from edgecap.report import export_lines
-    from edgecap.runtime.manifest import Manifest
 
     precisions = parse_list(precision, PRECISIONS, "--precision")
     int8 = Int8Options(calib_data, calib_images, calib_heldout, calib_heldout_split.value, calib_method.value,
@@ -223,7 +222,7 @@ def export_model(
                        calib_bias_correction, beam=beam) if calib_data and "int8" in precisions else None
     engines = EngineOptions(max_batch=max_batch, opt_batch=opt_batch, beam=beam) if trt else None
     if trt and is_export(run):  # graphs made elsewhere, e.g. on an x86 host for a Jetson
-        build_engines(run, Manifest.read(run), precisions, engines, say=typer.echo)
+        add_engines(run, precisions, engines, say=typer.echo)
         return
     manifest = export_run(run, out, ExportOptions(precisions, beam, int8, engines), say=typer.echo)
     for line in export_lines(manifest, out):

@@ -9,6 +9,7 @@ section: ``optim``, ``xe`` (cross-entropy), ``scst`` (self-critical), ``hard`` (
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,15 @@ SHIPPED = "shipped"  # encoder.weights naming the shipped default model's (fine-
 def _share(section: str, name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise EdgecapError(f"{section}.{name} must be in [0, 1], got {value}")
+
+
+def _at_least(section: str, config: object, low: float, *names: str, strict: bool = False) -> None:
+    """Each named field of ``config`` is a finite number >= ``low`` (> with ``strict``), or one line names it."""
+    for name in names:
+        value = getattr(config, name)
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise EdgecapError(f"{section}.{name} must be a finite number {'>' if strict else '>='} {low:g}, "
+                               f"got {value}")
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,7 @@ class EncoderConfig:
     channels: int = 64  # small_cnn width
 
     def __post_init__(self):
+        _at_least("encoder", self, 1, "image_size", "channels")
         if self.frozen_batchnorm and not self.finetune:
             raise EdgecapError("encoder.frozen_batchnorm=true needs --finetune-encoder: a frozen encoder always "
                                "normalises by its running statistics")
@@ -57,6 +68,8 @@ class OptimConfig:
     # best.pt keeps (0: the raw weights); it ramps up as min(d, (1+n)/(10+n)) over the first n steps
 
     def __post_init__(self):
+        _at_least("optim", self, 0, "encoder_lr", "weight_decay", "warmup_steps")
+        _at_least("optim", self, 0, "lr", "grad_clip", strict=True)
         if not 0.0 <= self.ema_decay < 1.0:
             raise EdgecapError(f"optim.ema_decay must be in [0, 1), got {self.ema_decay}")
 
@@ -75,8 +88,8 @@ class XEConfig:
         if not 0.0 <= self.label_smoothing < 1.0:
             raise EdgecapError(f"xe.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         _share("xe", "mirror_share", self.mirror_share)
-        if self.batch_size < 1:
-            raise EdgecapError(f"xe.batch_size must be >= 1, got {self.batch_size}")
+        _at_least("xe", self, 0, "epochs", "max_steps", "doubly_stochastic")
+        _at_least("xe", self, 1, "batch_size")
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,8 @@ class SCSTConfig:
         if self.baseline == "mean" and self.samples < 2:
             raise EdgecapError(f"scst.baseline=mean needs scst.samples >= 2, got {self.samples}")
         _share("scst", "mirror_share", self.mirror_share)
+        _at_least("scst", self, 0, "epochs", "lr")
+        _at_least("scst", self, 1, "samples", "batch_images")
 
 
 @dataclass(frozen=True)
@@ -106,9 +121,10 @@ class HardAttentionConfig:
     # as the paper does for half its images (section 4.1)
 
     def __post_init__(self):
-        if self.reinforce_weight < 0:
-            raise EdgecapError(f"hard.reinforce_weight must be >= 0, got {self.reinforce_weight}")
+        _at_least("hard", self, 0, "reinforce_weight", "entropy")
         _share("hard", "expected_share", self.expected_share)
+        if not 0.0 <= self.baseline_decay < 1.0:
+            raise EdgecapError(f"hard.baseline_decay must be in [0, 1), got {self.baseline_decay}")
 
 
 @dataclass(frozen=True)
@@ -118,8 +134,8 @@ class SelectionConfig:
     images: int = 0  # dev photos scored (0: all)
 
     def __post_init__(self):
-        if self.beam < 1:
-            raise EdgecapError(f"select.beam must be >= 1, got {self.beam}")
+        _at_least("select", self, 1, "patience", "beam")
+        _at_least("select", self, 0, "images")
 
 
 @dataclass(frozen=True)
@@ -136,8 +152,8 @@ class TrainConfig:
     # encoder when the encoder trains; with xe.epochs=0 the run starts at self-critical training
 
     def __post_init__(self):
-        if self.max_caption_length < 1:
-            raise EdgecapError(f"train.max_caption_length must be >= 1, got {self.max_caption_length}")
+        _at_least("train", self, 1, "max_caption_length", "min_word_count")
+        _at_least("train", self, 0, "seed")
         if self.xe.epochs < (0 if self.init else 1):
             raise EdgecapError(f"xe.epochs must be >= 1 (>= 0 with train.init), got {self.xe.epochs}")
         if self.xe.epochs == 0 and not self.scst.epochs:

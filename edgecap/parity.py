@@ -27,12 +27,12 @@ from tqdm import tqdm
 from edgecap.checkpoint import load_reference
 from edgecap.data.records import ImageRecord
 from edgecap.errors import DataError
-from edgecap.preprocess import load_images
+from edgecap.preprocess import Preprocessing, load_images
 from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.pipeline import check_options, open_backend
 from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
 from edgecap.torch_backend import TorchBackend
-from edgecap.vocab import BOS, EOS, PAD
+from edgecap.vocab import BOS, EOS, PAD, Vocab
 
 if TYPE_CHECKING:  # scoring needs pycocoevalcap; the teacher-forced check and the gate's inputs do not
     from edgecap.evaluation import Evaluator, Scores
@@ -135,28 +135,41 @@ def teacher_forced(backend, pixels: np.ndarray, captions: Sequence[Sequence[int]
     return out
 
 
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
-    """Index of the first word where two token sequences differ (the shorter length if one is a prefix)."""
+def first_divergence(a: Sequence, b: Sequence) -> int:
+    """Index of the first word where two captions differ (the shorter length if one is a prefix of the other)."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return min(len(a), len(b))
 
 
-def _decode_both(records: Sequence[ImageRecord], backends: dict, prep, options: SearchOptions,
-                 banned: frozenset[int], stats: _StepStats, *, batch_size: int,
-                 label: str) -> dict[str, list[Hypothesis]]:
-    """Best hypothesis per record from each backend, through the same search on the same pixels; ``stats`` gains
-    the teacher-forced comparison along the reference's captions."""
-    hyps: dict[str, list[Hypothesis]] = {side: [] for side in backends}
+@dataclass(frozen=True)
+class _Side:
+    """One side of the comparison, decoding as it would on its own: its backend, preprocessing and vocabulary."""
+
+    backend: object  # encode(pixels) -> StepSession
+    prep: Preprocessing
+    vocab: Vocab
+
+
+def _decode_both(records: Sequence[ImageRecord], sides: dict[str, _Side], options: SearchOptions, stats: _StepStats,
+                 *, batch_size: int, label: str) -> dict[str, list[Hypothesis]]:
+    """Best hypothesis per record from each side, through the same search, on pixels preprocessed as each side
+    preprocesses them; ``stats`` gains the teacher-forced comparison along the reference's captions."""
+    hyps: dict[str, list[Hypothesis]] = {name: [] for name in sides}
+    banned = {name: bad_ending_ids(side.vocab.words, options.bad_endings) for name, side in sides.items()}
     for start in tqdm(range(0, len(records), batch_size), desc=label, unit="batch"):
         chunk = records[start:start + batch_size]
-        pixels = load_images([r.path for r in chunk], prep)
-        for side, engine in backends.items():
-            found = beam_search(engine.encode(pixels), len(chunk), options, bad_ending_ids=banned)
-            hyps[side] += [h[0] for h in found]
+        pixels = {}
+        for name, side in sides.items():
+            prep = side.prep.to_json()
+            pixels[name] = next((p for other, p in pixels.items() if sides[other].prep.to_json() == prep), None)
+            if pixels[name] is None:
+                pixels[name] = load_images([r.path for r in chunk], side.prep)
+            found = beam_search(side.backend.encode(pixels[name]), len(chunk), options, bad_ending_ids=banned[name])
+            hyps[name] += [h[0] for h in found]
         forced_words = [h.tokens + (EOS,) for h in hyps["reference"][start:]]
-        forced = [teacher_forced(engine, pixels, forced_words) for engine in backends.values()]
+        forced = [teacher_forced(side.backend, pixels[name], forced_words) for name, side in sides.items()]
         lengths = np.array([len(w) for w in forced_words])
         for position, (ref, cand) in enumerate(zip(*forced, strict=True)):
             inside = lengths > position
@@ -195,18 +208,18 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
     check_options(manifest, options, export_dir)  # the search a deployed Captioner would run, or none
     loaded = load_reference(manifest, reference_path)
     k = manifest.topk
-    reference_backend = TorchBackend(loaded.model, k)
-    candidate_backend = open_backend(export_dir, manifest, backend=backend, precision=precision)
+    # The candidate decodes as a deployed Captioner would: with the export's own preprocessing and vocabulary.
+    sides = {"reference": _Side(TorchBackend(loaded.model, k), loaded.prep, loaded.vocab),
+             "candidate": _Side(open_backend(export_dir, manifest, backend=backend, precision=precision),
+                                Preprocessing.from_json(manifest.preprocessing), Vocab.from_json(manifest.vocab))}
     stats = _StepStats(k)
-    hyps = _decode_both(records, {"reference": reference_backend, "candidate": candidate_backend}, loaded.prep,
-                        options, bad_ending_ids(loaded.vocab.words, options.bad_endings), stats,
-                        batch_size=batch_size, label=f"parity {backend} {precision}")
+    hyps = _decode_both(records, sides, options, stats, batch_size=batch_size, label=f"parity {backend} {precision}")
     ids = [r.image_id for r in records]
-    texts = {side: dict(zip(ids, (loaded.vocab.decode(h.tokens) for h in found), strict=True))
-             for side, found in hyps.items()}
-    pairs = list(zip(hyps["reference"], hyps["candidate"], strict=True))
-    same = [a.tokens == b.tokens for a, b in pairs]
-    divergence = Counter(first_divergence(a.tokens, b.tokens) for (a, b), s in zip(pairs, same, strict=True) if not s)
+    words = {name: [sides[name].vocab.decode(h.tokens).split() for h in found] for name, found in hyps.items()}
+    texts = {name: dict(zip(ids, (" ".join(w) for w in found), strict=True)) for name, found in words.items()}
+    pairs = list(zip(words["reference"], words["candidate"], strict=True))
+    same = [a == b for a, b in pairs]
+    divergence = Counter(first_divergence(a, b) for (a, b), s in zip(pairs, same, strict=True) if not s)
     references = {r.image_id: list(r.captions) for r in records}
     scores = {side: evaluator.score(references, texts[side]) for side in texts}
     per_image = [np.array([scores[side].per_image_cider[i] for i in ids]) for side in ("reference", "candidate")]

@@ -174,11 +174,12 @@ def int8_summary(q: Int8Report, directory: Path) -> list[str]:
     return lines
 
 
-def engine_line(directory: Path, engine: BuiltEngine) -> str:
+def engine_line(engine: BuiltEngine) -> str:
+    """One built (or cached) plan, named inside its export directory."""
     record, rows = engine.record, engine.record.profile
     how = "cached" if engine.reused else f"built in {engine.seconds:.0f} s"
-    return (f"TensorRT {record.precision} {record.graph}: {directory / record.file} ({how}; rows {rows.min}-"
-            f"{rows.max}, tuned for {rows.opt})")
+    return (f"TensorRT {record.precision} {record.graph}: {record.file} ({how}; rows {rows.min}-{rows.max}, tuned "
+            f"for {rows.opt})")
 
 
 def caption_json(caption: Caption, attention: Path | None = None) -> dict:

@@ -163,5 +163,4 @@ def export_onnx(loaded: LoadedModel, out_dir: Path, *, real_pixels: np.ndarray, 
         source_checkpoint_sha256=file_sha256(source),
         source_checkpoint=None if source == DEFAULT_MODEL else str(source.resolve()),
     )
-    manifest.write(out_dir)
-    return manifest
+    return manifest.write(out_dir)

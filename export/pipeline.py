@@ -7,6 +7,8 @@ the TensorRT engines, as ``ExportOptions`` asks. Each stage says one line as it 
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,33 +43,80 @@ def export_run(run: Path | None, out: Path, options: ExportOptions, *, say: Say 
     """Export ``run`` (a run directory or checkpoint; None: the shipped default) to ``out``; the manifest written.
 
     What this machine lacks (TensorRT) and what the calibration data lacks (its splits) is refused before the
-    long stages start, not after.
+    long stages start, not after. The export is written beside ``out`` and takes its place only when complete, so
+    a killed export leaves the previous one (or none), never a mix; a second export into ``out`` is refused while
+    one runs.
     """
     from edgecap.checkpoint import checkpoint_file, load_model
-    from edgecap.export.onnx import export_onnx
-    from edgecap.export.precision import add_fp16
-    from edgecap.preprocess import SAMPLE_IMAGES, load_images
+    from edgecap.locks import writing
 
+    out = Path(out)
+    _require_replaceable(out)
     if options.engines:
         from edgecap.runtime.backends.trt_cuda import require_tensorrt
 
         require_tensorrt()
-    calibration = _calibration_data(options.int8) if options.int8 else None
-    loaded = load_model(run)
-    say(f"export: {loaded.model_id} from {checkpoint_file(run)} to {out}: encoder and step graphs (fp32), checked "
-        "against PyTorch")
+    with writing(out, "edgecap export"):
+        calibration = _calibration_data(options.int8) if options.int8 else None
+        loaded = load_model(run)
+        say(f"export: {loaded.model_id} from {checkpoint_file(run)} to {out}: encoder and step graphs (fp32), "
+            "checked against PyTorch")
+        partial = _fresh_partial(out)
+        manifest = _write_stages(loaded, partial, options, calibration, say)
+        _swap_in(partial, out)
+    return manifest
+
+
+def _write_stages(loaded, directory: Path, options: ExportOptions, calibration, say: Say) -> Manifest:
+    from edgecap.export.onnx import export_onnx
+    from edgecap.export.precision import add_fp16
+    from edgecap.preprocess import SAMPLE_IMAGES, load_images
+
     pixels = load_images(sorted(SAMPLE_IMAGES.glob("*.jpg")), loaded.prep)
-    manifest = export_onnx(loaded, out, real_pixels=pixels, k=2 * options.beam)
+    manifest = export_onnx(loaded, directory, real_pixels=pixels, k=2 * options.beam)
     if "fp16" in options.precisions:
         say("export: mixed-precision fp16 graphs")
-        manifest = add_fp16(out, manifest)
+        manifest = add_fp16(directory, manifest)
     if calibration is not None:
         from edgecap.calib.build import add_int8
 
-        manifest = add_int8(out, manifest, calibration, options.int8, say=say)
+        manifest = add_int8(directory, manifest, calibration, options.int8, say=say)
     if options.engines:
-        manifest = build_engines(out, manifest, options.precisions, options.engines, say=say)
+        manifest = build_engines(directory, manifest, options.precisions, options.engines, say=say)
     return manifest
+
+
+def _require_replaceable(out: Path) -> None:
+    """An existing ``out`` is replaced only when it is an export: any other folder is the user's, never touched."""
+    from edgecap.runtime.manifest import MANIFEST_NAME
+
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST_NAME).is_file())):
+        raise EdgecapError(f"{out}: exists and is not an export directory, so export will not replace it; pass a "
+                           "new or empty --out")
+
+
+def _fresh_partial(out: Path) -> Path:
+    """An empty ``.NAME.partial`` beside ``out`` (a killed export's is removed), with ``out``'s calibration caches
+    copied in, so a re-export draws the same ranges without computing them again."""
+    partial = out.parent / f".{out.name}.partial"
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    if (out / "calib").is_dir():
+        shutil.copytree(out / "calib", partial / "calib")
+    return partial
+
+
+def _swap_in(partial: Path, out: Path) -> None:
+    """``partial`` becomes ``out``; the previous export is removed only once the new one is in place."""
+    old = out.parent / f".{out.name}.old"
+    if old.exists():
+        shutil.rmtree(old)
+    if out.exists():
+        os.replace(out, old)
+    os.replace(partial, out)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def _calibration_data(options: Int8Options):
@@ -85,8 +134,16 @@ def build_engines(directory: Path, manifest: Manifest, precisions: Sequence[str]
     from edgecap.export.trt import build_engines as build
     from edgecap.report import engine_line
 
-    say(f"export: TensorRT engines ({', '.join(precisions)}) in {directory}")
+    say(f"export: TensorRT engines ({', '.join(precisions)})")
     manifest, built = build(directory, manifest, precisions, options)
     for engine in built:
-        say(engine_line(directory, engine))
+        say(engine_line(engine))
     return manifest
+
+
+def add_engines(directory: Path, precisions: Sequence[str], options: EngineOptions, *, say: Say = print) -> Manifest:
+    """Engines for an export directory made elsewhere (on a Jetson: no torch), holding its lock while they build."""
+    from edgecap.locks import writing
+
+    with writing(Path(directory), "edgecap export --trt"):
+        return build_engines(directory, Manifest.read(directory), precisions, options, say=say)

@@ -68,6 +68,4 @@ def add_fp16(directory: Path, manifest: Manifest) -> Manifest:
         cell_outputs = [manifest.state_pairs[n] for n in manifest.state_pairs if n.startswith("state.c")]
         write_fp16(source, target, fp32_outputs=cell_outputs if graph == "step" else ())
         files[graph] = target.name
-    updated = replace(manifest, graphs={**manifest.graphs, "fp16": files})
-    updated.write(directory)
-    return updated
+    return replace(manifest, graphs={**manifest.graphs, "fp16": files}).write(directory)

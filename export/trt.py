@@ -31,7 +31,7 @@ from edgecap.runtime.engines import (
     profile_rows,
     profile_shapes,
 )
-from edgecap.runtime.manifest import Manifest, file_sha256
+from edgecap.runtime.manifest import Manifest, contained, file_sha256
 
 
 @dataclass(frozen=True)
@@ -75,16 +75,15 @@ def build_engines(directory: Path, manifest: Manifest, precisions: Sequence[str]
                 built.append(BuiltEngine(record, reused=True, seconds=0.0))
                 continue
             for stale in [k for k, r in engines.items() if _same_slot(EngineRecord.from_json(r), record)]:
-                (directory / engines.pop(stale)["file"]).unlink(missing_ok=True)  # this machine's older build
+                # this machine's older build, and only a file of this export
+                contained(directory, engines.pop(stale)["file"], "engine").unlink(missing_ok=True)
             specs = manifest.encoder_inputs if graph == "encoder" else manifest.step_inputs
             start = time.perf_counter()
             cache = _build(trt, logger, source, profile_shapes(specs, rows), directory / record.file, cache)
             engines[key] = record.to_json()
             built.append(BuiltEngine(record, reused=False, seconds=time.perf_counter() - start))
     _write_atomic(timing, cache)
-    updated = replace(manifest, engines=engines)
-    updated.write(directory)
-    return updated, built
+    return replace(manifest, engines=engines).write(directory), built
 
 
 def _same_slot(old: EngineRecord, new: EngineRecord) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from edgecap import spec
 from edgecap.errors import ModelError
-from edgecap.runtime.manifest import TensorSpec
+from edgecap.runtime.manifest import TensorSpec, contained
 
 GRAPHS = ("encoder", "step")
 ENGINE_DIR = "engines"  # plans and the timing cache, inside the export directory
@@ -156,7 +156,7 @@ def find_engine(engines: Mapping[str, Mapping], *, directory: Path, graph: str, 
     if problems:
         raise ModelError(f"{directory / best.file}: built for {', '.join(problems)}; "
                          f"{rebuild_hint(directory, precision)}")
-    if not (directory / best.file).is_file():
+    if not contained(directory, best.file, "engine").is_file():
         raise ModelError(f"{directory / best.file}: missing from the export directory; "
                          f"{rebuild_hint(directory, precision)}")
     return best

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+import os
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from edgecap.errors import ModelError
+from edgecap.preprocess import Preprocessing
+from edgecap.vocab import Vocab
 
-FORMAT_VERSION = 2  # 2: a typed INT8 report with the layers that run INT8 counted
+FORMAT_VERSION = 2  # 2: a typed INT8 report with the layers that run INT8 counted, and each graph file's sha256
 MANIFEST_NAME = "edgecap.json"
 PRECISIONS = ("fp32", "fp16", "int8")  # one graph file per graph and precision
 
@@ -110,11 +115,18 @@ class Manifest:
     quantization: Int8Report | None = None  # what INT8 calibration did and measured, when there are int8 graphs
     reference_scores: dict = field(default_factory=dict)  # PyTorch scores at export time, when measured
     engines: dict = field(default_factory=dict)  # TensorRT plans: cache key -> EngineRecord JSON (runtime/engines.py)
+    files: dict[str, str] = field(default_factory=dict)  # every graph file -> its sha256, as written
 
-    def write(self, directory: Path) -> Path:
+    def write(self, directory: Path) -> Manifest:
+        """Write ``edgecap.json`` atomically, recording the sha256 of every graph file it names; the manifest
+        written, with those digests."""
+        names = sorted({name for files in self.graphs.values() for name in files.values()})
+        written = replace(self, files={name: file_sha256(contained(directory, name, "graph")) for name in names})
         path = directory / MANIFEST_NAME
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        return path
+        temporary = path.with_name(f".{MANIFEST_NAME}.tmp")
+        temporary.write_text(json.dumps(asdict(written), indent=2) + "\n")
+        os.replace(temporary, path)
+        return written
 
     @classmethod
     def read(cls, directory: Path) -> Manifest:
@@ -129,24 +141,74 @@ class Manifest:
         if version != FORMAT_VERSION:
             raise ModelError(f"{path}: manifest format version {version}, this edgecap reads {FORMAT_VERSION}; "
                              "re-export with this version of edgecap")
+        wrong = _mistyped(data)
+        if wrong:
+            raise ModelError(f"{path}: manifest fields of the wrong type or missing ({', '.join(wrong)}); "
+                             "re-run `edgecap export`")
         try:
             for key in ("encoder_inputs", "encoder_outputs", "step_inputs", "step_outputs"):
                 data[key] = tuple(TensorSpec(t["name"], t["dtype"], tuple(t["shape"]), t["role"]) for t in data[key])
             data["quantization"] = Int8Report.from_json(data["quantization"]) if data.get("quantization") else None
-            return cls(**data)
-        except (KeyError, TypeError) as err:
+            manifest = cls(**data)
+        except (KeyError, TypeError, ValueError) as err:
             raise ModelError(f"{path}: manifest is missing or has bad fields ({err}); "
                              "re-run `edgecap export`") from None
+        for files in manifest.graphs.values():  # a manifest names files of its own export only
+            for name in files.values():
+                contained(directory, name, "graph")
+        for record in manifest.engines.values():
+            contained(directory, str(record.get("file", "")), "engine")
+        problems = manifest.problems()
+        if problems:
+            raise ModelError(f"{path}: the manifest does not hold together ({'; '.join(problems)}); "
+                             "re-run `edgecap export`")
+        return manifest
+
+    def problems(self) -> list[str]:
+        """What contradicts itself in the manifest: the vocabulary against the step's outputs, ``topk`` against its
+        candidates, the encoder's input against the preprocessing, state without its update, graphs unrecorded."""
+        outputs = {t.name: t for t in self.step_outputs}
+        out = []
+        for what, parse, data in (("vocabulary", Vocab.from_json, self.vocab),
+                                  ("preprocessing", Preprocessing.from_json, self.preprocessing)):
+            try:
+                parse(data)
+            except (KeyError, TypeError, ValueError) as err:
+                out.append(f"its {what} cannot be read ({type(err).__name__}: {err})")
+        if len(set(self.vocab.get("words", ()))) != len(self.vocab.get("words", ())):
+            out.append("its vocabulary repeats a word")
+        words = len(self.vocab.get("words", ()))
+        logprobs = outputs.get("logprobs")
+        if logprobs is None or tuple(logprobs.shape[1:]) != (words,):
+            out.append(f"the vocabulary has {words} words but the step's logprobs are {logprobs and logprobs.shape}")
+        for name in ("topk_logprobs", "topk_ids"):
+            if name not in outputs or tuple(outputs[name].shape[1:]) != (self.topk,):
+                out.append(f"topk is {self.topk} but {name} is {outputs[name].shape if name in outputs else 'missing'}")
+        side = self.preprocessing.get("image_size")
+        pixels = next((t for t in self.encoder_inputs if t.name == "pixels"), None)
+        if pixels is None or tuple(pixels.shape[1:]) != (3, side, side):
+            out.append(f"preprocessing resizes to {side} px but the encoder takes {pixels and pixels.shape}")
+        states = {t.name for t in self.step_inputs if t.role == "state"}
+        if states != set(self.state_pairs) or not set(self.state_pairs.values()) <= set(outputs):
+            out.append(f"state {sorted(states)} is not updated by the outputs {sorted(self.state_pairs.values())}")
+        unrecorded = sorted({f for files in self.graphs.values() for f in files.values()} - set(self.files))
+        if unrecorded or any(set(files) != {"encoder", "step"} for files in self.graphs.values()):
+            out.append(f"graph files without a recorded sha256 or a graph of each kind ({', '.join(unrecorded)})")
+        return out
 
     def graph_files(self, directory: Path, precision: str) -> tuple[Path, Path]:
-        """(encoder, step) ONNX files of one precision, checked to exist."""
+        """(encoder, step) ONNX files of one precision, checked to lie inside ``directory``, to exist and to be the
+        files the manifest recorded (sha256)."""
         if precision not in self.graphs:
             raise ModelError(f"{directory}: no {precision} graphs (exported: {', '.join(self.graphs)}); "
                              f"re-run `edgecap export --precision {precision}`")
-        files = (directory / self.graphs[precision]["encoder"], directory / self.graphs[precision]["step"])
-        for file in files:
+        files = tuple(contained(directory, self.graphs[precision][graph], "graph") for graph in ("encoder", "step"))
+        for name, file in zip((self.graphs[precision][g] for g in ("encoder", "step")), files, strict=True):
             if not file.is_file():
                 raise ModelError(f"{file}: missing from the export directory; re-run `edgecap export`")
+            if file_sha256(file) != self.files.get(name):
+                raise ModelError(f"{file}: not the graph this export wrote (its sha256 differs from the manifest's); "
+                                 "re-run `edgecap export`")
         return files
 
     def stored_precision(self, precision: str, graph: str) -> str:
@@ -160,6 +222,36 @@ class Manifest:
         scored another dataset's photos (or predates recording them)."""
         q = self.quantization
         return frozenset(q.heldout_image_ids) if q is not None and q.calibration_data == dataset_name else frozenset()
+
+
+def _mistyped(data: dict) -> list[str]:
+    """The manifest's fields that are missing or not of their declared JSON type (the typed schema is ``Manifest``
+    itself): every problem in one list, so one message names them all."""
+    hints = typing.get_type_hints(Manifest)
+    json_types = {int: int, str: str, dict: dict, tuple: list, Int8Report: dict, type(None): type(None)}
+    out = []
+    for f in fields(Manifest):
+        declared = hints[f.name]
+        allowed = tuple(json_types[typing.get_origin(t) or t] for t in (typing.get_args(declared)
+                        if typing.get_origin(declared) in (typing.Union, types.UnionType) else (declared,)))
+        if f.name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                out.append(f"{f.name} missing")
+        elif not isinstance(data[f.name], allowed) or isinstance(data[f.name], bool) and bool not in allowed:
+            out.append(f"{f.name} is {type(data[f.name]).__name__}")
+    return out
+
+
+def contained(directory: Path, name: str, what: str) -> Path:
+    """``directory / name``, refused in one line when it resolves (through ``..``, an absolute path or a symbolic
+    link) outside ``directory``: a manifest names files of its own export and nothing else."""
+    path = Path(directory) / name
+    base = Path(directory).resolve()
+    resolved = path.resolve()
+    if resolved == base or not resolved.is_relative_to(base):
+        raise ModelError(f"{Path(directory) / MANIFEST_NAME}: {what} {name!r} lies outside the export directory; "
+                         "re-run `edgecap export` (a manifest names files of its own export only)")
+    return path
 
 
 def file_sha256(path: Path) -> str:

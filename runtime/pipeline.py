@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from edgecap.errors import ModelError
+from edgecap.errors import ImageError, ModelError
 from edgecap.preprocess import Preprocessing, frame_to_array, load_images
 from edgecap.runtime.backends.base import Backend
 from edgecap.runtime.backends.ort import OrtBackend
@@ -104,7 +104,14 @@ class Captioner:
 
     def caption_frames(self, frames: Sequence[Image.Image | np.ndarray], options: SearchOptions, *,
                        batch_size: int = 16) -> list[Caption]:
-        """One caption per picture already in memory (a camera or video frame: see ``frame_to_array``)."""
+        """One caption per picture already in memory (a camera or video frame: see ``frame_to_array``).
+
+        ``frames`` is a sequence of frames (or one (N, H, W, 3) array of them); a single frame is refused rather
+        than captioned row by row.
+        """
+        if isinstance(frames, Image.Image) or (isinstance(frames, np.ndarray) and frames.ndim != 4):
+            raise ImageError(f"caption_frames takes a sequence of frames, got one {type(frames).__name__}"
+                             f"{f' of shape {frames.shape}' if isinstance(frames, np.ndarray) else ''}; pass [frame]")
         out = []
         for start in range(0, len(frames), batch_size):
             chunk = frames[start:start + batch_size]

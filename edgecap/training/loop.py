@@ -25,6 +25,7 @@ from edgecap.checkpoint import checkpoint_payload, on_cpu, read_checkpoint, save
 from edgecap.cider import CiderD
 from edgecap.data import CaptionDataset, load_dataset
 from edgecap.errors import ModelError
+from edgecap.locks import writing
 from edgecap.models import MODELS, build_model
 from edgecap.models.caption_model import CaptionModel
 from edgecap.models.encoder import build_encoder, grid_features
@@ -87,14 +88,11 @@ class Trainer:
 
     def _vocabulary(self, resuming: bool) -> Vocab:
         """The run's own vocabulary when resuming, ``train.init``'s (its decoder's rows are its words), else new."""
-        vocab_file = self.run_dir / "vocab.json"
         if resuming:
-            return Vocab.from_json(json.loads(vocab_file.read_text()))
-        vocab = Vocab.from_json(self.init["vocab"]) if self.init else Vocab.build(
-            (c for r in self.train_records for c in r.captions), min_count=self.cfg.min_word_count)
-        if self.dist.is_main:
-            vocab.save(vocab_file)
-        return vocab
+            return Vocab.from_json(json.loads((self.run_dir / "vocab.json").read_text()))
+        if self.init:
+            return Vocab.from_json(self.init["vocab"])
+        return Vocab.build((c for r in self.train_records for c in r.captions), min_count=self.cfg.min_word_count)
 
     def _build_model(self) -> CaptionModel:
         """Encoder and decoder; the decoder's derived sizes come from the vocabulary and the encoder's grid."""
@@ -378,13 +376,15 @@ def train(*, run_dir: Path, spec: RunSpec | None, resume: bool, changes: Sequenc
         distributed.check_world_size(nproc, run_spec(run_dir=run_dir, spec=spec, resume=resume, changes=changes).train)
         return distributed.launch(nproc, train, run_dir=run_dir, spec=spec, resume=resume, changes=changes,
                                   cache_dir=cache_dir)
-    with distributed.process_group() as ctx:
+    with distributed.process_group() as ctx, (writing(run_dir, "edgecap train") if ctx.is_main
+                                              else contextlib.nullcontext()):
         with distributed.main_first(ctx):
             spec = run_spec(run_dir=run_dir, spec=spec, resume=resume, changes=changes)
             distributed.check_world_size(ctx.world_size, spec.train)
-            if ctx.is_main:
-                write_run_files(run_dir, spec)
+            # Every input is read and checked (data, encoder, train.init) before the run directory is written.
             trainer = Trainer(run_dir, spec, load_dataset(spec.data), cache_dir=cache_dir, ctx=ctx)
+            if ctx.is_main:
+                write_run_files(run_dir, spec, trainer.vocab, new=not resume)
         if ctx.is_main:
             tqdm.write(trainer.describe())
         if resume:

@@ -14,6 +14,7 @@ from edgecap.config import PRESETS, EncoderConfig, Preset, TrainConfig, apply_ov
 from edgecap.errors import ModelError
 from edgecap.models import entry, settable_fields
 from edgecap.training.state import TrainState
+from edgecap.vocab import Vocab
 
 DEFAULT_MODEL_ID = "sat"
 
@@ -100,12 +101,17 @@ def run_spec(*, run_dir: Path, spec: RunSpec | None, resume: bool, changes: Sequ
     return after
 
 
-def write_run_files(run_dir: Path, spec: RunSpec) -> None:
-    """config.json (the resolved spec) and the command line appended to command.txt."""
+def write_run_files(run_dir: Path, spec: RunSpec, vocab: Vocab, *, new: bool) -> None:
+    """config.json (the resolved spec), the command line appended to command.txt, and a new run's vocab.json; the
+    temporary files a checkpoint write killed midway left behind are removed."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    for leftover in run_dir.glob(".*.tmp"):
+        leftover.unlink()
     (run_dir / "config.json").write_text(json.dumps(spec.to_json(), indent=2))
     with open(run_dir / "command.txt", "a") as f:
         f.write(" ".join(sys.argv) + "\n")
+    if new:
+        vocab.save(run_dir / "vocab.json")
 
 
 def reopen(state: TrainState, cfg: TrainConfig, last_phase: str) -> str:

@@ -119,13 +119,27 @@ class OrtStepSession:
         return value if isinstance(value, np.ndarray) else value.numpy()
 
 
+def _check_signature(session, specs, file: Path) -> None:
+    """The graph's inputs and outputs are the manifest's, name by name, with the same fixed dimensions: a graph
+    that returns fewer candidates or another vocabulary than the manifest says is refused, not searched."""
+    graph = {t.name: tuple(t.shape) for t in [*session.get_inputs(), *session.get_outputs()]}
+    for tensor in specs:
+        shape = graph.get(tensor.name)
+        fixed = [(want, got) for want, got in zip(tensor.shape, shape or (), strict=False)
+                 if isinstance(want, int) and isinstance(got, int)]  # a symbolic dimension proves nothing
+        if shape is None or len(shape) != len(tensor.shape) or any(want != got for want, got in fixed):
+            raise ModelError(f"{file}: its {tensor.name} is {shape or 'missing'}, the manifest says {tensor.shape}; "
+                             "the graph and the manifest come from different exports: re-run `edgecap export`")
+
+
 class OrtBackend:
     """Sessions for one precision of an export directory."""
 
     def __init__(self, directory: Path, manifest: Manifest, *, precision: str = "fp32", device: str = "cpu",
-                 threads: int = 1, io_binding: bool | None = None):
+                 threads: int = 1, io_binding: bool | None = None, files: tuple[Path, Path] | None = None):
+        """``files`` (encoder, step) runs graphs the manifest does not list, INT8 calibration's trial graphs."""
         ort = _import_ort()
-        encoder_file, step_file = manifest.graph_files(directory, precision)
+        encoder_file, step_file = files or manifest.graph_files(directory, precision)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -139,6 +153,8 @@ class OrtBackend:
         except Exception as err:  # onnxruntime raises its own exception types for bad files
             raise ModelError(f"{directory}: ONNX Runtime cannot load the {precision} graphs "
                              f"({str(err).splitlines()[0][:160]}); re-run `edgecap export`") from None
+        _check_signature(self.encoder, manifest.encoder_inputs + manifest.encoder_outputs, encoder_file)
+        _check_signature(self.step, manifest.step_inputs + manifest.step_outputs, step_file)
         if PROVIDERS[device] not in self.step.get_providers():  # onnxruntime-gpu lists CUDA even without a GPU
             raise ModelError(f"ONNX Runtime has no {device} provider here (active: {self.step.get_providers()}); "
                              "install onnxruntime-gpu on a machine with an NVIDIA GPU, or use --device cpu")

@@ -123,7 +123,8 @@ def test_ort_cpu_scheme_writes_uint8_activations_that_caption(int8_export, tmp_p
                        if n.op_type == "QuantizeLinear" and n.input[0] not in values]
         assert activations and all(zp.dtype == np.uint8 for zp in activations)
     images = [r.path for r in load_dataset("shapes").split("test")[:12]]
-    assert Manifest.read(directory).graphs["int8"]["encoder"] == "encoder.int8.onnx"
+    manifest = Manifest.read(directory).write(directory)  # the graphs rewritten in the other scheme, recorded
+    assert manifest.graphs["int8"]["encoder"] == "encoder.int8.onnx"
     assert _top1_agreement(directory, images) >= 0.9
 
 

@@ -146,18 +146,27 @@ def test_no_record_and_a_missing_plan_are_refused_with_the_fix(tmp_path):
         find_engine({record.key: record.to_json()}, **lookup)
 
 
-def _manifest(**extra) -> Manifest:
-    return Manifest(format_version=FORMAT_VERSION, model_id="sat", model_config={}, encoder_config={}, vocab={},
-                    preprocessing={}, encoder_inputs=(), encoder_outputs=(), step_inputs=STEP_INPUTS,
-                    step_outputs=(), state_pairs={"state.h": "state.h.next"}, topk=6, max_length=20, opset=18,
+def _manifest(directory: Path, **extra) -> Manifest:
+    """A small manifest that holds together, with stand-in graph files written to ``directory``."""
+    for name in ("encoder.fp16.onnx", "step.fp16.onnx"):
+        (directory / name).write_bytes(f"stand-in for {name}".encode())
+    outputs = (TensorSpec("logprobs", "float32", ("N", 5), "output"),
+               TensorSpec("topk_ids", "int64", ("N", 6), "output"),
+               TensorSpec("topk_logprobs", "float32", ("N", 6), "output"),
+               TensorSpec("state.h.next", "float32", ("N", 64), "state"))
+    return Manifest(format_version=FORMAT_VERSION, model_id="sat", model_config={}, encoder_config={},
+                    vocab={"words": ["<pad>", "<bos>", "<eos>", "<unk>", "a"]},
+                    preprocessing={"image_size": 32, "mean": [0.5] * 3, "std": [0.5] * 3},
+                    encoder_inputs=(TensorSpec("pixels", "float32", ("N", 3, 32, 32), "input"),), encoder_outputs=(),
+                    step_inputs=STEP_INPUTS, step_outputs=outputs, state_pairs={"state.h": "state.h.next"}, topk=6,
+                    max_length=20, opset=18,
                     graphs={"fp16": {"encoder": "encoder.fp16.onnx", "step": "step.fp16.onnx"}},
                     source_checkpoint_sha256=SHA, **extra)
 
 
 def test_engine_records_round_trip_through_the_manifest_and_old_manifests_still_read(tmp_path):
     records = [_record(), _record(graph="encoder", source="encoder.fp16.onnx", profile=Profile(1, 1, 32))]
-    manifest = _manifest(engines={r.key: r.to_json() for r in records})
-    manifest.write(tmp_path)
+    manifest = _manifest(tmp_path, engines={r.key: r.to_json() for r in records}).write(tmp_path)
     again = Manifest.read(tmp_path)
     assert again == manifest
     assert [EngineRecord.from_json(r) for r in again.engines.values()] == records
@@ -306,6 +315,7 @@ def test_export_trt_checks_the_graphs_before_it_needs_tensorrt(int8_export, tmp_
     model = onnx.load(str(directory / "step.int8.onnx"))
     _break(model, "zero-point-3")
     onnx.save(model, str(directory / "step.int8.onnx"))
+    Manifest.read(directory).write(directory)  # broken on purpose, and recorded: the TensorRT check must see it
     code, output = invoke("export", str(directory), "--trt", "--precision", "fp32,int8")
     assert code == 2 and "\n" not in output.strip(), output
     assert f"{directory}: not buildable by TensorRT as typed: step.int8.onnx: QuantizeLinear" in output
@@ -350,8 +360,7 @@ def test_trt_backend_host_logic_on_simulated_cuda_captions_like_onnx_runtime(sim
                               "{}.{}".format(*CAPABILITY), VERSION, rows)
         write_plan(directory / record.file, source, rows.max)
         engines[record.key] = record.to_json()
-    manifest = replace(manifest, engines=engines)
-    manifest.write(directory)
+    manifest = replace(manifest, engines=engines).write(directory)
 
     images = [r.path for r in load_dataset("shapes").split("test")[:4]]
     ort = Captioner.from_dir(directory)
