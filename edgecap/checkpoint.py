@@ -88,6 +88,9 @@ def save_atomic(payload: dict, path: Path) -> None:
 def read_checkpoint(path: Path) -> dict:
     """The raw payload, or a ModelError naming the file and the fix."""
     if path.is_dir():
+        if (path / "config.json").is_file() and not (path / "best.pt").is_file():
+            raise ModelError(f"{path}: this run has no best.pt yet (it stopped before its first epoch ended); "
+                             f"continue it with `edgecap train --out {path} --resume`, or pass another run")
         path = path / "best.pt"
     if not path.is_file():
         raise ModelError(f"{path}: no checkpoint; pass a run directory (with best.pt) or a .pt file from edgecap train")
@@ -104,22 +107,27 @@ def read_checkpoint(path: Path) -> dict:
 
 
 def load_model(path: Path | None = None) -> LoadedModel:
-    """Rebuild the captioner of a checkpoint or run directory; ``None`` means the shipped default."""
+    """Rebuild the captioner of a checkpoint or run directory; ``None`` means the shipped default. A checkpoint in
+    the right format whose fields or weights do not fit its model is one ModelError naming the file."""
     path = Path(path) if path is not None else DEFAULT_MODEL
     payload = read_checkpoint(path)
-    model_id = payload["model_id"]
+    model_id = payload.get("model_id")
     if model_id not in MODELS:
         raise ModelError(f"{path}: model '{model_id}' is unknown to this edgecap; upgrade edgecap")
-    encoder_config = EncoderConfig(**payload["encoder_config"])
-    encoder = build_encoder(encoder_config, pretrained=payload["encoder"] is None)
-    if payload["encoder"] is not None:
-        encoder.load_state_dict(stored_weights(payload["encoder"]))
-    decoder = build_model(model_id, payload["model_config"])
-    decoder.load_state_dict(stored_weights(payload["decoder"]))
-    model = CaptionModel(encoder, decoder).eval()
-    return LoadedModel(model=model, model_id=model_id, vocab=Vocab.from_json(payload["vocab"]),
-                       prep=Preprocessing.from_json(payload["preprocessing"]), encoder_config=encoder_config,
-                       path=path, metrics=payload.get("metrics", {}))
+    try:
+        encoder_config = EncoderConfig(**payload["encoder_config"])
+        encoder = build_encoder(encoder_config, pretrained=payload["encoder"] is None)
+        if payload["encoder"] is not None:
+            encoder.load_state_dict(stored_weights(payload["encoder"]))
+        decoder = build_model(model_id, payload["model_config"])
+        decoder.load_state_dict(stored_weights(payload["decoder"]))
+        vocab, prep = Vocab.from_json(payload["vocab"]), Preprocessing.from_json(payload["preprocessing"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:  # missing fields, weights that do not fit
+        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        raise ModelError(f"{path}: a damaged checkpoint ({type(err).__name__}: {reason}); copy it again or "
+                         "re-run edgecap train") from None
+    return LoadedModel(model=CaptionModel(encoder, decoder).eval(), model_id=model_id, vocab=vocab, prep=prep,
+                       encoder_config=encoder_config, path=path, metrics=payload.get("metrics", {}))
 
 
 def checkpoint_file(path: Path | None) -> Path:

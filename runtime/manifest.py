@@ -138,6 +138,8 @@ class Manifest:
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ModelError(f"{path}: corrupt manifest (not JSON); re-run `edgecap export`") from None
         version = data.get("format_version") if isinstance(data, dict) else None
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ModelError(f"{path}: format_version is {version!r}, not a version number; re-run `edgecap export`")
         if version != FORMAT_VERSION:
             raise ModelError(f"{path}: manifest format version {version}, this edgecap reads {FORMAT_VERSION}; "
                              "re-export with this version of edgecap")
@@ -239,6 +241,17 @@ def _mistyped(data: dict) -> list[str]:
                 out.append(f"{f.name} missing")
         elif not isinstance(data[f.name], allowed) or isinstance(data[f.name], bool) and bool not in allowed:
             out.append(f"{f.name} is {type(data[f.name]).__name__}")
+    nested = {"graphs": lambda g: all(isinstance(v, dict) and all(isinstance(n, str) for n in v.values())
+                                      for v in g.values()),
+              "state_pairs": lambda s: all(isinstance(v, str) for v in s.values()),
+              "files": lambda s: all(isinstance(v, str) for v in s.values()),
+              "engines": lambda e: all(isinstance(v, dict) for v in e.values()),
+              "vocab": lambda v: isinstance(v.get("words"), list) and all(isinstance(w, str) for w in v["words"])}
+    out += [f"{name} holds values of the wrong type" for name, check in nested.items()
+            if isinstance(data.get(name), dict) and not check(data[name])]
+    out += [f"{name} holds a tensor that is not a name, dtype, shape and role" for name in
+            ("encoder_inputs", "encoder_outputs", "step_inputs", "step_outputs") if isinstance(data.get(name), list)
+            and not all(isinstance(t, dict) and {"name", "dtype", "shape", "role"} <= t.keys() for t in data[name])]
     return out
 
 

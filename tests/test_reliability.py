@@ -245,3 +245,74 @@ def test_caption_frames_takes_a_sequence_of_frames_only(tiny_export):
     with pytest.raises(ImageError, match="takes a sequence of frames, got one ndarray of shape"):
         captioner.caption_frames(frame, SearchOptions())
     assert len(captioner.caption_frames(np.stack([frame, frame]), SearchOptions())) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("change", "named"), [
+    (lambda d: d.update(format_version="2"), "format_version is '2', not a version number"),
+    (lambda d: d["graphs"].update(fp32="encoder.onnx"), "graphs holds values of the wrong type"),
+    (lambda d: d["vocab"].update(words="a b c"), "vocab holds values of the wrong type"),
+    (lambda d: d["step_inputs"].append("state.x"), "step_inputs holds a tensor that is not"),
+    (lambda d: d.pop("model_config"), "model_config missing"),
+])
+def test_nested_manifest_damage_is_one_line(tiny_export, tmp_path, change, named):
+    directory = _copy(tiny_export, tmp_path)
+    _edit_manifest(directory, change)
+    _one_line(*_caption(directory), named)
+
+
+@pytest.mark.slow
+def test_an_unknown_onnx_runtime_device_is_one_error(tiny_export):
+    from edgecap.runtime import Captioner
+
+    with pytest.raises(ModelError, match="device 'gpu': ONNX Runtime runs on cpu, cuda, tensorrt"):
+        Captioner.from_dir(tiny_export / "exp", device="gpu")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["model_config", "weight"])
+def test_a_damaged_checkpoint_is_one_line(tiny_export, tmp_path, damage):
+    import torch
+
+    payload = torch.load(tiny_export / "run" / "best.pt", weights_only=True)
+    if damage == "model_config":
+        del payload["model_config"]
+    else:
+        name = next(iter(payload["decoder"]))
+        payload["decoder"][name] = torch.zeros(3, 3)
+    torch.save(payload, tmp_path / "damaged.pt")
+    _one_line(*invoke("caption", PHOTO, "--model", str(tmp_path / "damaged.pt")), "damaged.pt: a damaged checkpoint")
+
+
+def test_a_run_stopped_before_its_first_checkpoint_says_so(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")
+    _one_line(*invoke("export", str(tmp_path / "run"), "--out", str(tmp_path / "exp")), "has no best.pt yet",
+              "--resume")
+
+
+@pytest.mark.parametrize("command", ["train", "export"])
+def test_an_output_that_is_a_file_is_one_line(tmp_path, command):
+    target = tmp_path / "taken"
+    target.write_text("mine")
+    args = ["train", "--data", "shapes", "--preset", "tiny"] if command == "train" else ["export"]
+    _one_line(*invoke(*args, "--out", str(target)), str(target))
+    assert target.read_text() == "mine"
+
+
+def test_a_shapes_spec_naming_a_file_is_one_line(tmp_path):
+    (tmp_path / "file.txt").write_text("x")
+    _one_line(*invoke("eval", "--data", f"shapes:{tmp_path / 'file.txt'}"), "shapes:DIR names the folder")
+
+
+def test_an_impossible_model_option_is_one_line(tmp_path):
+    _one_line(*invoke("train", "--data", "shapes", "--preset", "tiny", "--out", str(tmp_path / "run"), "--set",
+                      "model.dropout=2"), "model 'sat' cannot be built", "--set model.*")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_without_its_metrics_is_one_line(tiny_export, tmp_path):
+    run = shutil.copytree(tiny_export / "run", tmp_path / "run")
+    (run / "metrics.jsonl").unlink()
+    _one_line(*invoke("train", "--out", str(run), "--resume", "--set", "xe.epochs=30"), "metrics.jsonl: missing")

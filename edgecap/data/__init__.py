@@ -29,7 +29,10 @@ def load_dataset(spec: str) -> CaptionDataset:
     if kind == "shapes":
         from edgecap.data.shapes import load_shapes
 
-        return load_shapes(Path(rest).expanduser() if rest else None)
+        folder = Path(rest).expanduser() if rest else None
+        if folder is not None and folder.exists() and not folder.is_dir():
+            raise DataError(f"{folder}: a file; shapes:DIR names the folder the generated dataset is written to")
+        return load_shapes(folder)
     if kind not in KINDS or not rest:
         raise DataError(f"data spec '{spec}': expected one of flickr8k:DIR, folder:DIR, "
                         "karpathy:FILE.json[:IMAGE_ROOT], coco:DIR_OR_JSON[:IMAGE_ROOT], shapes")

@@ -75,4 +75,8 @@ def build_model(model_id: str, config: dict) -> nn.Module:
     unknown = sorted(set(config) - known)
     if unknown:
         raise ModelError(f"model '{model_id}' has no option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return module_class(config_class(**config))
+    try:
+        return module_class(config_class(**config))
+    except (ValueError, TypeError, RuntimeError) as err:  # torch's own checks: dropout above 1, sizes below 1
+        raise ModelError(f"model '{model_id}' cannot be built with these options ({str(err).splitlines()[0][:120]});"
+                         " check the --set model.* values") from None

@@ -38,7 +38,7 @@ from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_id, mir
 from edgecap.training.ema import WeightAverage
 from edgecap.training.hard_attention import hard_attention_loss
 from edgecap.training.losses import word_nll, xe_loss
-from edgecap.training.runs import RunSpec, reopen, run_spec, write_run_files
+from edgecap.training.runs import RunSpec, last_phase, reopen, run_spec, write_run_files
 from edgecap.training.scst import scst_loss
 from edgecap.training.state import TrainState
 from edgecap.vocab import PAD, Vocab
@@ -172,8 +172,7 @@ class Trainer:
         optimizer, average = saved.pop("optimizer"), saved.pop("weight_average", None)
         self.state = TrainState(**saved)
         if self.state.phase == "done":
-            last_phase = json.loads((self.run_dir / "metrics.jsonl").read_text().splitlines()[-1])["phase"]
-            message = reopen(self.state, self.cfg, last_phase)
+            message = reopen(self.state, self.cfg, last_phase(self.run_dir))
             if self.dist.is_main:
                 tqdm.write(f"{self.run_dir}: {message}")
         if self.state.phase == "scst":

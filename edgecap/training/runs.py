@@ -81,6 +81,8 @@ def _changed_keys(before: RunSpec, after: RunSpec) -> list[str]:
 def run_spec(*, run_dir: Path, spec: RunSpec | None, resume: bool, changes: Sequence[str] = ()) -> RunSpec:
     """The spec a run uses: config.json's with ``changes`` applied when resuming, else ``spec``; refuses a bad
     --resume or --out, and a change that only a new run can make (a change that repeats config.json is none)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ModelError(f"{run_dir}: a file, not a run directory; choose another --out")
     if not resume:
         if (run_dir / "last.pt").exists():
             raise ModelError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
@@ -112,6 +114,16 @@ def write_run_files(run_dir: Path, spec: RunSpec, vocab: Vocab, *, new: bool) ->
         f.write(" ".join(sys.argv) + "\n")
     if new:
         vocab.save(run_dir / "vocab.json")
+
+
+def last_phase(run_dir: Path) -> str:
+    """The phase of the last epoch ``metrics.jsonl`` records, or a ModelError naming the file."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        return json.loads(path.read_text().splitlines()[-1])["phase"]
+    except (OSError, IndexError, KeyError, TypeError, json.JSONDecodeError):
+        raise ModelError(f"{path}: missing or damaged, so the finished run cannot say which phase to reopen; "
+                         "start a new run with --out (and train.init from this run's best.pt)") from None
 
 
 def reopen(state: TrainState, cfg: TrainConfig, last_phase: str) -> str:

@@ -138,6 +138,8 @@ class OrtBackend:
     def __init__(self, directory: Path, manifest: Manifest, *, precision: str = "fp32", device: str = "cpu",
                  threads: int = 1, io_binding: bool | None = None, files: tuple[Path, Path] | None = None):
         """``files`` (encoder, step) runs graphs the manifest does not list, INT8 calibration's trial graphs."""
+        if device not in PROVIDERS:
+            raise ModelError(f"device {device!r}: ONNX Runtime runs on {', '.join(PROVIDERS)}")
         ort = _import_ort()
         encoder_file, step_file = files or manifest.graph_files(directory, precision)
         options = ort.SessionOptions()
