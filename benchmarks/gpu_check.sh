@@ -10,7 +10,8 @@
 #              EDGECAP_IMAGES parity images, 0 = the whole split (default 0)
 #              EDGECAP_BENCH  extra `edgecap bench` flags, e.g. "--runs 100"
 # Reports: EXPORT_DIR/reports/parity-trt-PRECISION.{json,md} and bench.{json,md,png}.
-# Exit status: 2 when TensorRT, cuda-python or the GPU is missing or a step errs; 1 when a parity gate failed.
+# Exit status: 2 when TensorRT, cuda-python or the GPU is missing or a step errs; 1 when a parity gate failed;
+#              3 when a gate was inconclusive (too few photos to tell) and none failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -43,6 +44,7 @@ if [ ${#dirs[@]} -eq 0 ]; then
 fi
 
 failed=0
+inconclusive=0
 errors=0
 for dir in "${dirs[@]}"; do
     precisions=$("$python" -c "import json, sys; graphs = json.load(open(sys.argv[1]))['graphs']
@@ -53,10 +55,11 @@ print(','.join(p for p in ('fp32', 'fp16', 'int8') if p in graphs))" "$dir/edgec
         rc=0
         "$python" -m edgecap parity "$dir" --backend trt --precision "$precision" --data "$data" --split "$split" \
             --max-images "$images" || rc=$?
-        if [ $rc -eq 1 ]; then failed=1; elif [ $rc -ne 0 ]; then errors=1; fi
+        if [ $rc -eq 1 ]; then failed=1; elif [ $rc -eq 3 ]; then inconclusive=1; elif [ $rc -ne 0 ]; then errors=1; fi
     done
     "$python" -m edgecap bench "$dir" --backend torch,ort,trt --precision "$precisions" --batch 1,4 --beam 1,3 \
         --plot "$dir/reports/bench.png" ${bench_flags[@]+"${bench_flags[@]}"} || errors=1
 done
 [ $errors -eq 0 ] || exit 2
-exit $failed
+[ $failed -eq 0 ] || exit 1
+[ $inconclusive -eq 0 ] || exit 3

@@ -38,7 +38,7 @@ from edgecap.data.records import CaptionDataset, ImageRecord
 from edgecap.errors import DataError
 from edgecap.runtime.backends.ort import cpu_session
 from edgecap.runtime.engines import GRAPHS
-from edgecap.runtime.manifest import GraphInt8, Int8Report, Manifest
+from edgecap.runtime.manifest import GraphInt8, Int8Report, Manifest, file_sha256
 
 # The step quantises only its weighted layers: Gather, TopK, Softmax and the elementwise cell would otherwise put
 # the beam's state, the attention output and the log-probs ranked by TopK through int8.
@@ -179,7 +179,7 @@ class _Scored:
 
 
 def _report(options: Int8Options, dataset: CaptionDataset, calibration: list, heldout: list, feeds: dict,
-            scored: _Scored, graphs: dict[str, GraphInt8], began: float) -> Int8Report:
+            npz: dict[str, Path], scored: _Scored, graphs: dict[str, GraphInt8], began: float) -> Int8Report:
     found = scored.found
     delta, stderr = compare(found.fp32_scores, scored.int8_scores)
     before = round(compare(found.fp32_scores, found.int8_scores)[0], 3) if options.bias_correction else None
@@ -195,7 +195,8 @@ def _report(options: Int8Options, dataset: CaptionDataset, calibration: list, he
         threshold_met=abs(delta) <= options.max_delta if options.bias_correction else found.threshold_met,
         layers_tried=found.layers_tried, bias_correction=options.bias_correction,
         delta_cider_before_bias_correction=before, build_s=round(time.perf_counter() - began, 1),
-        encoder=graphs["encoder"], step=graphs["step"])
+        encoder=graphs["encoder"], step=graphs["step"],
+        calibration_files={f"{CALIB_DIR}/{path.name}": file_sha256(path) for path in npz.values()})
 
 
 def add_int8(directory: Path, manifest: Manifest, dataset: CaptionDataset, options: Int8Options, *,
@@ -226,6 +227,6 @@ def add_int8(directory: Path, manifest: Manifest, dataset: CaptionDataset, optio
     say("int8: counting the layers that run INT8 and timing them against fp32 on ONNX Runtime CPU")
     graphs = {name: graph_report(recipe, feeds[name][0], found.kept_fp32[name]) for name, recipe in recipes.items()}
     graphs |= {name: GraphInt8(file=path.name, quantized=False) for name, path in stand_ins.items()}
-    report = _report(options, dataset, calibration, heldout, feeds, _Scored(found, scores), graphs, began)
+    report = _report(options, dataset, calibration, heldout, feeds, npz, _Scored(found, scores), graphs, began)
     files = {name: graphs[name].file for name in GRAPHS}
     return replace(manifest, graphs={**manifest.graphs, "int8": files}, quantization=report).write(directory)

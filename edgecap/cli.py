@@ -248,8 +248,8 @@ def parity(
     result = check_export(export_dir, data, split, backend=backend, precision=precision.value,
                           options=_search(beam, length_penalty, block_trigrams), reference_path=reference,
                           max_images=max_images, json_out=json_out, markdown_out=markdown_out, say=typer.echo)
-    if not result.passed:
-        raise typer.Exit(1)
+    if not result.passed:  # 1: the export fails its gate; 3: too few photos to tell
+        raise typer.Exit(1 if result.verdict.outcome == "fail" else 3)
 
 
 @app.command()
@@ -273,6 +273,23 @@ def bench(
                      precisions=parse_list(precision, PRECISIONS, "--precision"), batches=parse_ints(batch, "--batch"),
                      beams=parse_ints(beam, "--beam"), runs=runs, warmup=warmup, threads=threads, images=images)
     bench_export(export_dir, plan, json_out=json_out, markdown_out=markdown_out, plot=plot, say=typer.echo)
+
+
+@app.command()
+def doctor(
+    export_dir: Annotated[Path | None, typer.Argument(help="Export directory to check (default: the machine only)")]
+    = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON")] = False,
+) -> None:
+    """What this machine can run: its fingerprint and, for an export, every backend x precision with the reason,
+    its files against their recorded sha256 and its TensorRT engines; exit 1 when the export is not healthy."""
+    from edgecap.doctor import diagnose
+    from edgecap.report import doctor_json, doctor_text
+
+    diagnosis = diagnose(export_dir)
+    typer.echo(json.dumps(doctor_json(diagnosis), indent=2) if json_output else doctor_text(diagnosis))
+    if not diagnosis.healthy:
+        raise typer.Exit(1)
 
 
 # The optional packages a command imports when it needs them, and the extra that installs each.

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from tqdm import tqdm
@@ -28,6 +28,7 @@ from edgecap.checkpoint import load_reference
 from edgecap.data.records import ImageRecord
 from edgecap.errors import DataError
 from edgecap.preprocess import Preprocessing, load_images
+from edgecap.runtime.machine import machine_info
 from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.pipeline import check_options, open_backend
 from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
@@ -49,6 +50,19 @@ THRESHOLDS = {
     "fp16": Threshold(0.5, 0.95),
     "int8": Threshold(1.0, 0.0),
 }
+
+
+GATE_RULE = ("non-inferiority on the paired-bootstrap 95% interval of ΔCIDEr: pass when its lower bound is above "
+             "-threshold and the identical-caption rate clears its bar; fail when its upper bound is below -threshold "
+             "or the rate misses its bar; otherwise inconclusive, too few photos to tell. An improvement never fails.")
+MAX_PHOTOS_TO_DECIDE = 1_000_000
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: str  # "pass", "fail" or "inconclusive"
+    reasons: tuple[str, ...]  # why it failed, or why it could not decide
+    photos_to_decide: int | None = None  # inconclusive: about how many photos would decide it
 
 
 @dataclass(frozen=True)
@@ -79,13 +93,16 @@ class ParityResult:
     first_divergence: dict[int, int]  # word position -> number of differing captions that diverge there
     differing: list[dict]  # image id, reference caption, candidate caption (the first few)
     threshold: Threshold
-    failures: list[str] = field(default_factory=list)
+    verdict: Verdict = Verdict("pass", ())
     graphs: dict[str, str] = field(default_factory=dict)  # graph -> the ONNX file of this precision set checked
     left_out: int = 0  # photos of the split INT8 calibration chose its fp32 layers on, not graded here
+    machine: dict = field(default_factory=dict)  # the host fingerprint, as doctor and bench record it
+
+    rule: ClassVar[str] = GATE_RULE
 
     @property
     def passed(self) -> bool:
-        return not self.failures
+        return self.verdict.outcome == "pass"
 
 
 class _StepStats:
@@ -177,14 +194,27 @@ def _decode_both(records: Sequence[ImageRecord], sides: dict[str, _Side], option
     return hyps
 
 
-def gate_failures(delta: float, identical: float, threshold: Threshold) -> list[str]:
-    """Why a candidate fails its precision's gate; empty when it passes."""
-    failures = []
-    if abs(delta) > threshold.max_delta_cider:
-        failures.append(f"|ΔCIDEr| {abs(delta):.2f} > {threshold.max_delta_cider}")
+def gate(delta: float, ci95: tuple[float, float], identical: float, n_images: int, threshold: Threshold) -> Verdict:
+    """The verdict of the non-inferiority rule (``GATE_RULE``) on one comparison of ``n_images`` photos.
+
+    An interval's half-width shrinks as 1/sqrt(photos), so the photos that would separate it from -threshold are
+    about ``n_images * (half-width / distance)**2``: the estimate for an inconclusive verdict.
+    """
+    bound, (low, high) = -threshold.max_delta_cider, ci95
+    rate = f"identical captions {100 * identical:.1f}% < {100 * threshold.min_identical_rate:.0f}%"
     if identical < threshold.min_identical_rate:
-        failures.append(f"identical captions {100 * identical:.1f}% < {100 * threshold.min_identical_rate:.0f}%")
-    return failures
+        return Verdict("fail", (rate,))
+    if high < bound:
+        return Verdict("fail", (f"ΔCIDEr {delta:+.2f}: its whole 95% interval ({low:+.2f} .. {high:+.2f}) lies below "
+                                f"{bound:+g}",))
+    if low > bound:
+        return Verdict("pass", ())
+    distance = abs(delta - bound)
+    half_width = (delta - low) if delta > bound else (high - delta)
+    needed = MAX_PHOTOS_TO_DECIDE if distance == 0 else int(np.ceil(n_images * (half_width / distance) ** 2))
+    return Verdict("inconclusive", (f"ΔCIDEr {delta:+.2f} with a 95% interval {low:+.2f} .. {high:+.2f} that reaches "
+                                    f"across {bound:+g}: {n_images} photos are too few to tell",),
+                   min(max(needed, n_images + 1), MAX_PHOTOS_TO_DECIDE))
 
 
 def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, backend: str = "ort",
@@ -227,15 +257,15 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
     delta = 100 * (scores["candidate"].metrics["CIDEr"] - scores["reference"].metrics["CIDEr"])
     identical = float(np.mean(same))
     threshold = THRESHOLDS[precision]
-    failures = gate_failures(delta, identical, threshold)
+    verdict = gate(delta, (100 * low, 100 * high), identical, len(records), threshold)
     differing = [{"image_id": i, "reference": texts["reference"][i], "candidate": texts["candidate"][i]}
                  for i, s in zip(ids, same, strict=True) if not s][:20]
     return ParityResult(backend=backend, precision=precision, split=split, options=options,
                         n_images=len(records), identical_rate=identical, delta_cider=delta,
                         delta_cider_ci95=(100 * low, 100 * high), reference=scores["reference"],
                         candidate=scores["candidate"], steps=stats.result(), first_divergence=dict(divergence),
-                        differing=differing, threshold=threshold, failures=failures,
-                        graphs=dict(manifest.graphs[precision]), left_out=left_out)
+                        differing=differing, threshold=threshold, verdict=verdict,
+                        graphs=dict(manifest.graphs[precision]), left_out=left_out, machine=machine_info())
 
 
 def check_export(export_dir: Path, data: str, split: str, *, backend: str, precision: str, options: SearchOptions,

@@ -15,6 +15,7 @@ from PIL import Image
 
 if TYPE_CHECKING:  # formatting needs no torch, so an export can be scored and reported without it
     from edgecap.benchmarking import BenchReport
+    from edgecap.doctor import Diagnosis
     from edgecap.evaluation import EvalResult
     from edgecap.export.trt import BuiltEngine
     from edgecap.parity import ParityResult
@@ -57,6 +58,9 @@ def parity_json(result: ParityResult) -> dict:
     """The stable fields scripts and CI read (docs/parity-and-bench.md) followed by the detail."""
     return {
         "passed": result.passed,
+        "verdict": result.verdict.outcome,
+        "photos_to_decide": result.verdict.photos_to_decide,
+        "rule": result.rule,
         "identical_rate": result.identical_rate,
         "delta_cider": result.delta_cider,
         "delta_cider_ci95": list(result.delta_cider_ci95),
@@ -64,6 +68,7 @@ def parity_json(result: ParityResult) -> dict:
         "candidate": result.candidate.metrics,
         "n_images": result.n_images,
         "calibration_photos_left_out": result.left_out,
+        "machine": result.machine,
         "backend": result.backend,
         "precision": result.precision,
         "graphs": result.graphs,
@@ -71,7 +76,7 @@ def parity_json(result: ParityResult) -> dict:
         **decoding_json(result.options),
         "thresholds": {"max_abs_delta_cider": result.threshold.max_delta_cider,
                        "min_identical_rate": result.threshold.min_identical_rate},
-        "failures": result.failures,
+        "reasons": list(result.verdict.reasons),
         "first_divergence": {str(k): v for k, v in sorted(result.first_divergence.items())},
         "teacher_forced_steps": [asdict(s) for s in result.steps],
         "differing_captions": result.differing,
@@ -80,15 +85,17 @@ def parity_json(result: ParityResult) -> dict:
 
 def parity_markdown(result: ParityResult) -> str:
     """A human-readable parity report: verdict, metrics side by side, per-step numerics, examples."""
-    verdict = "PASS" if result.passed else "FAIL: " + "; ".join(result.failures)
+    v = result.verdict
+    more = f" (about {v.photos_to_decide:,} photos would decide it)" if v.photos_to_decide else ""
+    verdict = v.outcome.upper() + (": " + "; ".join(v.reasons) + more if v.reasons else "")
     low, high = result.delta_cider_ci95
     lines = [
         f"# Parity: {result.backend} {result.precision} vs PyTorch ({result.split}, {result.n_images} images, "
         f"{decoding_text(result.options)})", "", f"**{verdict}**", "",
         f"- identical captions: {100 * result.identical_rate:.1f}% "
         f"(threshold {100 * result.threshold.min_identical_rate:.0f}%)",
-        f"- ΔCIDEr: {result.delta_cider:+.2f} (95% CI {low:+.2f} .. {high:+.2f}; "
-        f"threshold ±{result.threshold.max_delta_cider})",
+        f"- ΔCIDEr: {result.delta_cider:+.2f} (95% CI {low:+.2f} .. {high:+.2f}; non-inferiority margin "
+        f"-{result.threshold.max_delta_cider})",
         f"- graphs: {', '.join(f'{graph} `{file}`' for graph, file in result.graphs.items())}",
         *([f"- left out: {result.left_out} photos of this split, INT8 calibration's held-out photos"]
           if result.left_out else []), "",
@@ -362,3 +369,30 @@ def bench_plot(report: BenchReport, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+# ---- doctor -------------------------------------------------------------------------------------------------------
+
+def doctor_json(diagnosis: Diagnosis) -> dict:
+    return {**asdict(diagnosis), "healthy": diagnosis.healthy}
+
+
+def doctor_text(diagnosis: Diagnosis) -> str:
+    """The machine, then per export row: ``ok`` or ``no`` with the one-line reason."""
+    m = diagnosis.machine
+    features = " ".join(m["cpu_features"]) or "none known"
+    vnni = any("vnni" in f or f in ("amx_int8", "asimddp") for f in m["cpu_features"])
+    lines = [f"machine: {m['cpu']}, {m['cores']} cores; CPU features {features}"
+             + ("" if vnni else " (no VNNI or dot-product: INT8 gains less on this CPU than on one with them)"),
+             f"GPU: {', '.join(m['gpu']) if m['gpu'] else 'none'}" + (f"; {m['jetpack']}" if m["jetpack"] else ""),
+             f"libraries: {', '.join(f'{k} {v}' for k, v in m['versions'].items())}",
+             f"TensorRT: {diagnosis.tensorrt}"]
+    if diagnosis.export is None:
+        return "\n".join([*lines, "pass an export directory to see which of its backends and precisions run here"])
+    lines.append(f"export: {diagnosis.export}")
+    for title, checks in (("runs here", diagnosis.runnable), ("files", diagnosis.files),
+                          ("TensorRT engines", diagnosis.engines)):
+        lines.append(f"  {title}:" if checks else f"  {title}: none")
+        lines += [f"    {'ok' if c.ok else 'no'}  {c.subject}: {c.detail}" for c in checks]
+    lines.append("healthy" if diagnosis.healthy else "NOT healthy: a file changed since export, or nothing runs here")
+    return "\n".join(lines)

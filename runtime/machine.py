@@ -46,16 +46,40 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+CPU_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimd", "asimddp")
+"""The instruction sets INT8 and fp16 kernels care about: VNNI (x86) and the dot-product extension (Arm) are what
+make INT8 pay on a CPU."""
+
+
+def cpu_features() -> list[str]:
+    """Which of ``CPU_FEATURES`` this CPU reports (Linux ``/proc/cpuinfo``; [] where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = {flag for line in text.splitlines() if line.lower().startswith(("flags", "features"))
+             for flag in line.split(":", 1)[1].split()}
+    return [feature for feature in CPU_FEATURES if feature in flags]
+
+
 def gpu_names() -> list[str]:
-    """Name and driver of each NVIDIA GPU that nvidia-smi lists; [] when there is none."""
+    """Name, driver and compute capability of each NVIDIA GPU that nvidia-smi lists; [] when there is none."""
     if shutil.which("nvidia-smi") is None:
         return []
     try:
-        listed = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
                                 capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.returncode == 0 else []
+
+
+def jetpack() -> str | None:
+    """The L4T release line of a Jetson (``/etc/nv_tegra_release``); None elsewhere."""
+    try:
+        return Path("/etc/nv_tegra_release").read_text().splitlines()[0].strip()
+    except (OSError, IndexError):
+        return None
 
 
 def library_versions() -> dict[str, str]:
@@ -77,6 +101,8 @@ def machine_info() -> dict:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu": cpu_model(),
+        "cpu_features": cpu_features(),
+        "jetpack": jetpack(),
         "cores": os.cpu_count(),
         "usable_cores": usable,
         "gpu": gpu_names() or None,

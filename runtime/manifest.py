@@ -78,6 +78,7 @@ class Int8Report:
     build_s: float  # seconds the INT8 stages took
     encoder: GraphInt8
     step: GraphInt8
+    calibration_files: dict[str, str] = field(default_factory=dict)  # recorded feeds (calib/*.npz) -> sha256
 
     @property
     def heldout_images(self) -> int:

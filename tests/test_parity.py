@@ -17,6 +17,56 @@ def parity(export_dir, *args):
     return invoke("parity", str(export_dir), "--data", "shapes", "--split", "test", "--max-images", "24", *args)
 
 
+def _gate(delta, ci, identical=1.0, n=200, precision="int8"):
+    from edgecap.parity import THRESHOLDS, gate
+
+    return gate(delta, ci, identical, n, THRESHOLDS[precision])
+
+
+@pytest.mark.parametrize(("delta", "ci", "precision", "outcome"), [
+    (+1.67, (-6.38, +11.45), "int8", "inconclusive"),  # better captions on 24 photos: never a failure
+    (-0.71, (-2.12, +0.00), "fp16", "inconclusive"),  # 50 photos cannot tell
+    (-0.25, (-0.64, +0.09), "fp16", "inconclusive"),
+    (-0.25, (-0.45, -0.05), "fp16", "pass"),
+    (+0.22, (-0.54, +0.99), "int8", "pass"),
+    (-1.65, (-3.35, -0.10), "int8", "inconclusive"),
+    (-2.10, (-3.30, -1.20), "int8", "fail"),
+    (+4.00, (+2.00, +6.00), "int8", "pass"),  # an improvement beyond the margin passes
+])
+def test_the_gate_is_a_non_inferiority_rule_on_the_interval(delta, ci, precision, outcome):
+    assert _gate(delta, ci, precision=precision).outcome == outcome
+
+
+def test_an_inconclusive_verdict_says_how_many_photos_would_decide_it():
+    verdict = _gate(-0.71, (-2.12, 0.00), n=50, precision="fp16")
+    # below the margin: the upper half-width (0.71) must shrink under the distance to -0.5 (0.21)
+    assert abs(verdict.photos_to_decide - 50 * (0.71 / 0.21) ** 2) <= 1 and "50 photos are too few" in \
+        verdict.reasons[0]
+    assert _gate(-0.5, (-0.9, -0.1), n=50, precision="fp16").photos_to_decide > 50
+
+
+def test_too_few_identical_captions_fail_whatever_the_interval():
+    verdict = _gate(0.0, (0.0, 0.0), identical=0.9, precision="fp16")
+    assert verdict.outcome == "fail" and "identical captions 90.0% < 95%" in verdict.reasons[0]
+
+
+@needs_scoring
+def test_the_gate_decides_as_photos_accumulate_on_constructed_scores():
+    from edgecap.evaluation import paired_bootstrap_ci
+
+    rng = np.random.default_rng(0)
+    outcomes = {}
+    for n in (30, 3000):
+        reference = rng.uniform(0, 2, n)
+        for name, shift in (("equal", 0.0), ("worse", -0.04)):  # CIDEr's raw scale: -0.04 is -4 points
+            candidate = reference + shift + rng.normal(0, 0.3, n)
+            low, high = paired_bootstrap_ci(reference, candidate)
+            delta = 100 * float(np.mean(candidate - reference))
+            outcomes[name, n] = _gate(delta, (100 * low, 100 * high), n=n).outcome
+    assert outcomes["equal", 30] == outcomes["worse", 30] == "inconclusive"
+    assert (outcomes["equal", 3000], outcomes["worse", 3000]) == ("pass", "fail")
+
+
 def test_the_teacher_forced_check_imports_without_the_scoring_package():
     """The TensorRT backend's host logic is checked with it on machines that may lack pycocoevalcap."""
     run_without("pycocoevalcap", "from edgecap.parity import teacher_forced")
@@ -81,7 +131,8 @@ def test_one_corrupted_weight_fails_the_gate(tiny_export, tmp_path):
     code, output = parity(broken, "--json", str(tmp_path / "p.json"))
     assert code == 1, output
     report = json.loads((tmp_path / "p.json").read_text())
-    assert report["passed"] is False and report["identical_rate"] < 0.99 and report["failures"]
+    assert report["passed"] is False and report["verdict"] == "fail" and report["identical_rate"] < 0.99
+    assert report["reasons"] and "non-inferiority" in report["rule"]
     assert max(s["max_abs_delta_logprob"] for s in report["teacher_forced_steps"]) > 1.0
 
 

@@ -20,7 +20,7 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "te
 FP32_PRESERVING = {"disabled_optimizers": ["WeightBiasQuantization"]}
 
 
-def _import_ort():
+def import_onnxruntime():
     try:
         import onnxruntime
     except ImportError:
@@ -34,7 +34,7 @@ def cpu_session(path: Path, *, threads: int = 1):
     For the tools that run single graphs directly (export validation, calibration): pinned threads keep their
     timings and results independent of how busy a small machine is.
     """
-    ort = _import_ort()
+    ort = import_onnxruntime()
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -58,7 +58,7 @@ class OrtStepSession:
     def _place(self, array: np.ndarray):
         if self.binding_device is None:
             return array
-        return _import_ort().OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.binding_device, 0)
+        return import_onnxruntime().OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.binding_device, 0)
 
     @staticmethod
     def _inputs(tokens: np.ndarray, reorder: np.ndarray, position: int) -> dict[str, np.ndarray]:
@@ -140,7 +140,7 @@ class OrtBackend:
         """``files`` (encoder, step) runs graphs the manifest does not list, INT8 calibration's trial graphs."""
         if device not in PROVIDERS:
             raise ModelError(f"device {device!r}: ONNX Runtime runs on {', '.join(PROVIDERS)}")
-        ort = _import_ort()
+        ort = import_onnxruntime()
         encoder_file, step_file = files or manifest.graph_files(directory, precision)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads

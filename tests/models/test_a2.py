@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from edgecap import spec
+from edgecap.errors import ModelError
 from edgecap.models import build_model
 from edgecap.models.a2 import ALIGNMENTS
 from edgecap.runtime.search import SearchOptions
@@ -136,5 +137,5 @@ def test_step_refuses_a_position_past_the_cache():
 
 
 def test_config_rejects_an_unknown_alignment():
-    with pytest.raises(ValueError, match="moving_average"):
+    with pytest.raises(ModelError, match="cannot be built with these options .*moving_average"):
         build_model("a2", {**TINY, "alignment": "mean"})
