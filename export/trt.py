@@ -12,6 +12,8 @@ builds engines from an export directory made elsewhere.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -79,7 +81,11 @@ def build_engines(directory: Path, manifest: Manifest, precisions: Sequence[str]
                 contained(directory, engines.pop(stale)["file"], "engine").unlink(missing_ok=True)
             specs = manifest.encoder_inputs if graph == "encoder" else manifest.step_inputs
             start = time.perf_counter()
-            cache = _build(trt, logger, source, profile_shapes(specs, rows), directory / record.file, cache)
+            shapes = profile_shapes(specs, rows)
+            plan, cache = _build(trt, logger, source, shapes, cache)
+            record = replace(record, plan_sha256=hashlib.sha256(plan).hexdigest(),
+                             int8_layers=_checked_int8(trt, logger, plan, shapes, manifest, precision, graph, source))
+            _write_atomic(directory / record.file, plan)
             engines[key] = record.to_json()
             built.append(BuiltEngine(record, reused=False, seconds=time.perf_counter() - start))
     _write_atomic(timing, cache)
@@ -91,10 +97,10 @@ def _same_slot(old: EngineRecord, new: EngineRecord) -> bool:
     return (old.graph, old.precision, old.device) == (new.graph, new.precision, new.device)
 
 
-def _build(trt, logger, source: Path, shapes: dict, target: Path, timing_cache: bytes) -> bytes:
-    """Parse ``source`` into a strongly typed network, build it with one profile, write the plan to ``target``.
+def _build(trt, logger, source: Path, shapes: dict, timing_cache: bytes) -> tuple[bytes, bytes]:
+    """Parse ``source`` into a strongly typed network and build it with one profile.
 
-    Returns the timing cache after the build, which now also holds this graph's layer timings.
+    Returns the plan and the timing cache after the build, which now also holds this graph's layer timings.
     """
     builder = trt.Builder(logger)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
@@ -105,6 +111,7 @@ def _build(trt, logger, source: Path, shapes: dict, target: Path, timing_cache: 
                          "re-run `edgecap export` with this version of edgecap")
     config = builder.create_builder_config()
     config.clear_flag(trt.BuilderFlag.TF32)  # an fp32 tensor of the graph means fp32, not TF32 tensor-core math
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # the inspector then says each layer's precision
     _attach_timing_cache(config, timing_cache)
     inputs = {network.get_input(i).name for i in range(network.num_inputs)}
     profile = builder.create_optimization_profile()
@@ -116,8 +123,49 @@ def _build(trt, logger, source: Path, shapes: dict, target: Path, timing_cache: 
     if plan is None:
         raise ModelError(f"{source}: TensorRT {trt.__version__} could not build an engine from it (its log above "
                          "says why); check the graph with `polygraphy inspect model` and re-run `edgecap export`")
-    _write_atomic(target, bytes(plan))
-    return bytes(config.get_timing_cache().serialize())
+    return bytes(plan), bytes(config.get_timing_cache().serialize())
+
+
+def engine_int8_layers(trt, logger, plan: bytes, shapes: dict) -> int:
+    """How many of a plan's Conv/Gemm/MatMul layers run INT8, read through TensorRT's engine inspector.
+
+    The inspector gives tensor formats only once every input shape is set on an execution context, so the profile's
+    opt shapes are set first.
+    """
+    engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
+    context = engine.create_execution_context()
+    inputs = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)
+              if engine.get_tensor_mode(engine.get_tensor_name(i)) == trt.TensorIOMode.INPUT}
+    for name, (_, opt, _) in shapes.items():
+        if name in inputs:
+            context.set_input_shape(name, opt)
+    inspector = engine.create_engine_inspector()
+    inspector.execution_context = context
+    layers = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON)).get("Layers", [])
+    return sum(_runs_int8(layer) for layer in layers)
+
+
+def _runs_int8(layer) -> bool:
+    if not isinstance(layer, dict) or not any(k in str(layer.get("LayerType", "")).lower()
+                                              for k in ("conv", "gemm", "matrix", "matmul", "fullyconnected")):
+        return False
+    tensors = [*layer.get("Inputs", []), *layer.get("Outputs", [])]
+    return any("int8" in str(t.get("Format/Datatype", "")).lower() for t in tensors if isinstance(t, dict))
+
+
+def _checked_int8(trt, logger, plan: bytes, shapes: dict, manifest: Manifest, precision: str, graph: str,
+                  source: Path) -> int | None:
+    """An INT8 graph's engine must run at least the layers its Q/DQ graph made INT8 in INT8, or it is not called INT8
+    (TensorRT may silently run a Q/DQ graph's layers in float); None for other precisions."""
+    if manifest.stored_precision(precision, graph) != "int8":
+        return None
+    ran = engine_int8_layers(trt, logger, plan, shapes)
+    exported = manifest.quantization.graph(graph).int8_layers if manifest.quantization else 0
+    if ran < exported:
+        raise ModelError(f"{source}: TensorRT {trt.__version__} runs {ran} of its {exported} INT8 layers in INT8, so "
+                         "this is not an INT8 engine; check the graph with `polygraphy inspect model` or export the "
+                         "step alone in INT8 (--int8-graphs step)")
+    return ran
 
 
 def _attach_timing_cache(config, data: bytes) -> None:

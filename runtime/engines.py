@@ -17,7 +17,7 @@ from pathlib import Path
 
 from edgecap import spec
 from edgecap.errors import ModelError
-from edgecap.runtime.manifest import TensorSpec, contained
+from edgecap.runtime.manifest import TensorSpec, contained, file_sha256
 
 GRAPHS = ("encoder", "step")
 ENGINE_DIR = "engines"  # plans and the timing cache, inside the export directory
@@ -98,6 +98,8 @@ class EngineRecord:
     compute_capability: str
     tensorrt: str
     profile: Profile
+    plan_sha256: str = ""  # the plan as built: a plan replaced since is refused
+    int8_layers: int | None = None  # INT8 graphs: the engine's Conv/Gemm/MatMul layers TensorRT runs in INT8
 
     @property
     def device(self) -> DeviceInfo:
@@ -156,8 +158,12 @@ def find_engine(engines: Mapping[str, Mapping], *, directory: Path, graph: str, 
     if problems:
         raise ModelError(f"{directory / best.file}: built for {', '.join(problems)}; "
                          f"{rebuild_hint(directory, precision)}")
-    if not contained(directory, best.file, "engine").is_file():
+    plan = contained(directory, best.file, "engine")
+    if not plan.is_file():
         raise ModelError(f"{directory / best.file}: missing from the export directory; "
+                         f"{rebuild_hint(directory, precision)}")
+    if best.plan_sha256 and file_sha256(plan) != best.plan_sha256:
+        raise ModelError(f"{plan}: not the plan this export built (sha256 differs); "
                          f"{rebuild_hint(directory, precision)}")
     return best
 

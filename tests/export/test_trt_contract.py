@@ -435,3 +435,67 @@ def test_trt_engines_caption_like_onnx_runtime(tensorrt_machine, tiny_export, tm
     replace(manifest, engines={**manifest.engines}).write(directory)
     with pytest.raises(ModelError, match=r"TensorRT 9\.9\.9 \(this machine: .*--trt --precision fp32` on this machine"):
         Captioner.from_dir(directory, backend="trt")
+
+
+# ---- the engine builder, against a recording stand-in for TensorRT ------------------------------------------------
+
+@pytest.mark.slow
+def test_export_trt_builds_strongly_typed_engines_with_one_profile_and_they_caption(simulated_trt, tiny_export,
+                                                                                   tmp_path):
+    """What `_build` asks of TensorRT, call by call, then the plans it wrote captioning like ONNX Runtime."""
+    from edgecap.runtime.pipeline import Captioner
+    from edgecap.runtime.search import SearchOptions
+    from tests.runtime.simulated_trt import BUILDER
+
+    directory = shutil.copytree(tiny_export / "exp", tmp_path / "exp")
+    code, output = invoke("export", str(directory), "--trt", "--precision", "fp32", "--max-batch", "4")
+    assert code == 0, output
+    assert [c for c in BUILDER.calls if c[0] == "parse"] == [("parse", "encoder.onnx"), ("parse", "step.onnx")]
+    assert [c[1] for c in BUILDER.calls if c[0] == "create_network"] == [1 << 5, 1 << 5]  # STRONGLY_TYPED
+    assert all(c[2:] == (("TF32",), "DETAILED") for c in BUILDER.calls if c[0] == "build")  # no TF32, inspectable
+    shapes = {c[1]: c[2:] for c in BUILDER.calls if c[0] == "shape"}
+    assert shapes["pixels"][0][0] == 1 and shapes["pixels"][2][0] == 4  # images: 1 .. max-batch
+    assert shapes["tokens"] == ((1,), (3,), (12,))  # rows: 1 .. max-batch x beam, tuned for one image's beam
+    assert "step" not in shapes  # the scalar position has no profile
+    assert [c[1] for c in BUILDER.calls if c[0] == "timing_cache"] == [b"", b"+timings"]  # saved, then reused
+    assert (directory / "engines" / "timing.cache").read_bytes() == b"+timings+timings"
+    records = Manifest.read(directory).engines.values()
+    assert len(records) == 2 and all(len(r["plan_sha256"]) == 64 and r["int8_layers"] is None for r in records)
+    images = [SAMPLE_IMAGES / "camera.jpg", SAMPLE_IMAGES / "dog.jpg"]
+    texts = {backend: [c.text for c in Captioner.from_dir(directory, backend=backend).caption(images, SearchOptions())]
+             for backend in ("ort", "trt")}
+    assert texts["trt"] == texts["ort"]
+    BUILDER.calls.clear()
+    code, output = invoke("export", str(directory), "--trt", "--precision", "fp32", "--max-batch", "4")
+    assert code == 0 and output.count("(cached;") == 2 and not BUILDER.calls, output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("float_only", [False, True])
+def test_an_int8_engine_must_run_its_int8_layers_in_int8(simulated_trt, int8_export, tmp_path, float_only):
+    from tests.runtime.simulated_trt import BUILDER
+
+    directory = shutil.copytree(int8_export, tmp_path / "exp")
+    BUILDER.float_only = float_only  # a build that silently ran the Q/DQ graph's layers in float
+    code, output = invoke("export", str(directory), "--trt", "--precision", "int8")
+    quantization = Manifest.read(directory).quantization
+    if float_only:
+        assert code == 2 and "runs 0 of its" in output and "not an INT8 engine" in output, output
+        assert Manifest.read(directory).engines == {}
+    else:
+        assert code == 0, output
+        counts = {r["graph"]: r["int8_layers"] for r in Manifest.read(directory).engines.values()}
+        assert counts == {g: quantization.graph(g).int8_layers for g in ("encoder", "step")} and min(counts.values())
+
+
+@pytest.mark.slow
+def test_a_replaced_plan_is_refused_by_its_sha256(simulated_trt, tiny_export, tmp_path):
+    from edgecap.runtime.pipeline import Captioner
+
+    directory = shutil.copytree(tiny_export / "exp", tmp_path / "exp")
+    code, output = invoke("export", str(directory), "--trt", "--precision", "fp32")
+    assert code == 0, output
+    [plan] = [r["file"] for r in Manifest.read(directory).engines.values() if r["graph"] == "step"]
+    (directory / plan).write_text((directory / plan).read_text().replace('"max_rows": 96', '"max_rows": 95'))
+    with pytest.raises(ModelError, match="not the plan this export built"):
+        Captioner.from_dir(directory, backend="trt")

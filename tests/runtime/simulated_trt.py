@@ -1,5 +1,10 @@
 """A host-memory stand-in for ``tensorrt`` and ``cuda.bindings.runtime``, for tests only.
 
+Its builder records every call edgecap's engine build makes (network flags, builder flags, profile shapes, timing
+cache) and writes a plan its runtime can run; its engine inspector reports a layer INT8 when its weights reach it
+through a DequantizeLinear in the ONNX file, as TensorRT's does for an explicitly quantised graph it honours
+(``FLOAT_ONLY`` makes it report every layer float, as a build that silently dropped INT8 would).
+
 It proves nothing about TensorRT itself; it runs the TensorRT backend's own host logic on a machine without a GPU:
 which address each tensor is bound to, the ping-pong of state buffers, the row repeat of ``tile``, the staging of
 inputs and outputs, and CUDA-graph capture and replay. "Device" memory is host memory, copies are ``memmove``,
@@ -107,7 +112,7 @@ class _Engine:
     def __init__(self, cudart: _Cudart, plan: dict):
         import onnxruntime as ort
 
-        self.cudart, self.max_rows = cudart, plan["max_rows"]
+        self.cudart, self.max_rows, self.plan_onnx = cudart, plan["max_rows"], plan["onnx"]
         self.session = ort.InferenceSession(plan["onnx"], providers=["CPUExecutionProvider"], **FP32_PRESERVING)
         self.io = {t.name: t for t in [*self.session.get_inputs(), *self.session.get_outputs()]}
         self.inputs = [t.name for t in self.session.get_inputs()]
@@ -131,6 +136,128 @@ class _Engine:
 
     def create_execution_context(self):
         return _Context(self)
+
+    def create_engine_inspector(self):
+        return _Inspector(self.plan_onnx)
+
+
+class _Inspector:
+    """Per-layer precisions of a plan, from its ONNX file (``get_engine_information`` in TensorRT's JSON format)."""
+
+    def __init__(self, onnx_file: str):
+        self.onnx_file, self.execution_context = onnx_file, None
+
+    def get_engine_information(self, fmt):
+        import onnx
+
+        assert self.execution_context is not None, "formats are only shown with an execution context set"
+        graph = onnx.load(self.onnx_file, load_external_data=False).graph
+        dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+        kinds = {"Conv": "CaskConvolution", "Gemm": "CaskGemm", "MatMul": "MatrixMultiply"}
+        layers = [{"Name": n.name, "LayerType": kinds[n.op_type],
+                   "Inputs": [{"Name": n.input[0], "Format/Datatype": "Row major linear Int8"
+                               if len(n.input) > 1 and n.input[1] in dequantized and not BUILDER.float_only
+                               else "Row major linear FP32"}]}
+                  for n in graph.node if n.op_type in kinds]
+        return json.dumps({"Layers": layers})
+
+
+class _Builder:
+    """Records what edgecap asks of a TensorRT builder; one instance per test (``BUILDER``)."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.float_only = False  # the inspector reports every layer float
+
+    def reset(self):
+        self.calls.clear()
+        self.float_only = False
+
+
+BUILDER = _Builder()
+
+
+class _Network:
+    def __init__(self, flags):
+        BUILDER.calls.append(("create_network", flags))
+        self.inputs: list[str] = []
+
+    @property
+    def num_inputs(self):
+        return len(self.inputs)
+
+    def get_input(self, index):
+        return types.SimpleNamespace(name=self.inputs[index])
+
+
+class _Parser:
+    def __init__(self, network, logger):
+        self.network, self.errors = network, []
+
+    def parse_from_file(self, path):
+        import onnx
+
+        model = onnx.load(path, load_external_data=False)
+        constants = {i.name for i in model.graph.initializer}
+        self.network.inputs = [i.name for i in model.graph.input if i.name not in constants]
+        self.network.onnx = path
+        BUILDER.calls.append(("parse", Path(path).name))
+        return True
+
+    @property
+    def num_errors(self):
+        return len(self.errors)
+
+
+class _Config:
+    def __init__(self):
+        self.profiles, self.cleared, self.profiling_verbosity, self.cache = [], [], None, None
+
+    def clear_flag(self, flag):
+        self.cleared.append(flag)
+
+    def create_timing_cache(self, data):
+        return types.SimpleNamespace(data=bytes(data), serialize=lambda: bytes(data) + b"+timings")
+
+    def set_timing_cache(self, cache, ignore_mismatch):
+        self.cache = cache
+        BUILDER.calls.append(("timing_cache", cache.data))
+        return True
+
+    def get_timing_cache(self):
+        return self.cache
+
+    def add_optimization_profile(self, profile):
+        self.profiles.append(profile)
+
+
+class _TrtBuilder:
+    def __init__(self, logger):
+        pass
+
+    def create_network(self, flags):
+        return _Network(flags)
+
+    def create_builder_config(self):
+        return _Config()
+
+    def create_optimization_profile(self):
+        return _Profile()
+
+    def build_serialized_network(self, network, config):
+        [profile] = config.profiles
+        BUILDER.calls.append(("build", Path(network.onnx).name, tuple(config.cleared), config.profiling_verbosity))
+        maximum = max(high[0] for _, _, high in profile.shapes.values())
+        return json.dumps({"onnx": network.onnx, "max_rows": maximum}).encode()
+
+
+class _Profile:
+    def __init__(self):
+        self.shapes: dict[str, tuple] = {}
+
+    def set_shape(self, name, low, opt, high):
+        self.shapes[name] = (tuple(low), tuple(opt), tuple(high))
+        BUILDER.calls.append(("shape", name, *self.shapes[name]))
 
 
 class _Context:
@@ -189,6 +316,12 @@ def modules() -> dict[str, types.ModuleType]:
                                        "deserialize_cuda_engine": lambda self, data: _Engine(cudart, json.loads(data))})
     trt.TensorIOMode = types.SimpleNamespace(INPUT=0, OUTPUT=1)
     trt.nptype = np.dtype
+    trt.Builder, trt.OnnxParser = _TrtBuilder, _Parser
+    trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=5)
+    trt.BuilderFlag = types.SimpleNamespace(TF32="TF32")
+    trt.ProfilingVerbosity = types.SimpleNamespace(DETAILED="DETAILED")
+    trt.LayerInformationFormat = types.SimpleNamespace(JSON="JSON")
+    BUILDER.reset()
     return {"tensorrt": trt, "cuda": cuda, "cuda.bindings": bindings, "cuda.bindings.runtime": runtime}
 
 
