@@ -97,6 +97,7 @@ class ParityResult:
     graphs: dict[str, str] = field(default_factory=dict)  # graph -> the ONNX file of this precision set checked
     left_out: int = 0  # photos of the split INT8 calibration chose its fp32 layers on, not graded here
     machine: dict = field(default_factory=dict)  # the host fingerprint, as doctor and bench record it
+    int8_layers: dict[str, dict[str, int]] = field(default_factory=dict)  # int8: per graph, layers INT8 / fp32, Q/DQ
 
     rule: ClassVar[str] = GATE_RULE
 
@@ -217,6 +218,14 @@ def gate(delta: float, ci95: tuple[float, float], identical: float, n_images: in
                    min(max(needed, n_images + 1), MAX_PHOTOS_TO_DECIDE))
 
 
+def _int8_counts(manifest: Manifest) -> dict[str, dict[str, int]]:
+    """What the int8 set's graphs run INT8: its weighted layers in INT8 and in fp32, and its Q/DQ nodes."""
+    q = manifest.quantization
+    graphs = [q.graph(g) for g in ("encoder", "step")] if q is not None else []
+    return {name: {"int8": g.int8_layers, "fp32": g.layers - g.int8_layers, "qdq_nodes": g.qdq_nodes}
+            for name, g in zip(("encoder", "step"), graphs, strict=False) if g.quantized}
+
+
 def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, backend: str = "ort",
                precision: str = "fp32", options: SearchOptions, reference_path: Path | None = None,
                evaluator: Evaluator, data_name: str = "", batch_size: int = 25) -> ParityResult:
@@ -265,7 +274,8 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
                         delta_cider_ci95=(100 * low, 100 * high), reference=scores["reference"],
                         candidate=scores["candidate"], steps=stats.result(), first_divergence=dict(divergence),
                         differing=differing, threshold=threshold, verdict=verdict,
-                        graphs=dict(manifest.graphs[precision]), left_out=left_out, machine=machine_info())
+                        graphs=dict(manifest.graphs[precision]), left_out=left_out, machine=machine_info(),
+                        int8_layers=_int8_counts(manifest) if precision == "int8" else {})
 
 
 def check_export(export_dir: Path, data: str, split: str, *, backend: str, precision: str, options: SearchOptions,

@@ -69,6 +69,7 @@ def parity_json(result: ParityResult) -> dict:
         "n_images": result.n_images,
         "calibration_photos_left_out": result.left_out,
         "machine": result.machine,
+        "int8_layers": result.int8_layers,
         "backend": result.backend,
         "precision": result.precision,
         "graphs": result.graphs,
@@ -98,7 +99,9 @@ def parity_markdown(result: ParityResult) -> str:
         f"-{result.threshold.max_delta_cider})",
         f"- graphs: {', '.join(f'{graph} `{file}`' for graph, file in result.graphs.items())}",
         *([f"- left out: {result.left_out} photos of this split, INT8 calibration's held-out photos"]
-          if result.left_out else []), "",
+          if result.left_out else []),
+        *(f"- {graph}: {c['int8']} layers INT8, {c['fp32']} fp32, {c['qdq_nodes']} Q/DQ nodes"
+          for graph, c in result.int8_layers.items()), "",
         "| metric | PyTorch | candidate | Δ |", "|---|---|---|---|",
     ]
     for name in ("Bleu_4", "METEOR", "ROUGE_L", "CIDEr"):

@@ -157,6 +157,10 @@ def test_int8_gate_leaves_out_the_photos_calibration_chose_layers_on_and_eval_sa
                               "--precision", precision, "--json", str(tmp_path / f"{precision}.json"))
         report = json.loads((tmp_path / f"{precision}.json").read_text())
         assert report["calibration_photos_left_out"] == left_out, output
+        counts = Manifest.read(int8_export).quantization
+        assert report["int8_layers"] == ({g: {"int8": counts.graph(g).int8_layers, "fp32": 0,
+                                              "qdq_nodes": counts.graph(g).qdq_nodes} for g in ("encoder", "step")}
+                                         if precision == "int8" else {})
         assert report["n_images"] == 60 - left_out
         assert ("left out:" in output) == bool(left_out)
     code, output = invoke("eval", str(int8_export), "--data", "shapes", "--split", "dev", "--max-images", "60",
