@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -302,6 +302,10 @@ def check_export(export_dir: Path, data: str, split: str, *, backend: str, preci
     text = parity_markdown(result)
     written = write_reports(parity_json(result), text, export_dir / "reports" / f"parity-{backend}-{precision}",
                             json_out=json_out, markdown_out=markdown_out)
+    manifest = Manifest.read(export_dir)
+    measured = f"{dataset.name} {split}, {result.n_images} photos, {decoding_text(options)}"
+    replace(manifest, reference_scores={**manifest.reference_scores, measured: result.reference.metrics}).write(
+        export_dir, record_files=False)
     say(text)
     say(f"reports: {', '.join(map(str, written))}")
     return result

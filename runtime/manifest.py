@@ -114,15 +114,18 @@ class Manifest:
     source_checkpoint_sha256: str
     source_checkpoint: str | None = None  # absolute path of the checkpoint exported; None: the shipped default
     quantization: Int8Report | None = None  # what INT8 calibration did and measured, when there are int8 graphs
-    reference_scores: dict = field(default_factory=dict)  # PyTorch scores at export time, when measured
+    reference_scores: dict = field(default_factory=dict)  # PyTorch's scores as parity measured them, by data and
+    # decoding: what `edgecap eval` of the export on a device should come close to
     engines: dict = field(default_factory=dict)  # TensorRT plans: cache key -> EngineRecord JSON (runtime/engines.py)
     files: dict[str, str] = field(default_factory=dict)  # every graph file -> its sha256, as written
 
-    def write(self, directory: Path) -> Manifest:
-        """Write ``edgecap.json`` atomically, recording the sha256 of every graph file it names; the manifest
-        written, with those digests."""
+    def write(self, directory: Path, *, record_files: bool = True) -> Manifest:
+        """Write ``edgecap.json`` atomically, recording the sha256 of every graph file it names (``record_files``:
+        the writer made them; a reader adding a note leaves the recorded digests as they were); the manifest
+        written."""
         names = sorted({name for files in self.graphs.values() for name in files.values()})
-        written = replace(self, files={name: file_sha256(contained(directory, name, "graph")) for name in names})
+        written = replace(self, files={name: file_sha256(contained(directory, name, "graph")) for name in names}) \
+            if record_files else self
         path = directory / MANIFEST_NAME
         temporary = path.with_name(f".{MANIFEST_NAME}.tmp")
         temporary.write_text(json.dumps(asdict(written), indent=2) + "\n")

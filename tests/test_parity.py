@@ -88,6 +88,8 @@ def test_fp32_export_passes_parity_with_the_design_fields(tiny_export, tmp_path)
     assert steps[0]["rows"] == 24 and all(s["max_abs_delta_logprob"] < 1e-3 for s in steps)
     assert (tiny_export / "exp" / "reports" / "parity-ort-fp32.json").is_file()
     assert "PASS" in (tmp_path / "p.md").read_text() and "step `step.onnx`" in (tmp_path / "p.md").read_text()
+    # PyTorch's scores stay with the export, for a device's own `edgecap eval` to compare against
+    assert Manifest.read(tiny_export / "exp").reference_scores["shapes test, 24 photos, beam 3"] == report["reference"]
 
 
 @needs_scoring
