@@ -20,8 +20,9 @@ from edgecap import spec
 from edgecap.data.records import ImageRecord
 from edgecap.preprocess import Preprocessing, load_images
 from edgecap.runtime.backends.ort import OrtBackend, OrtStepSession
+from edgecap.runtime.decoding import decode
 from edgecap.runtime.manifest import Manifest
-from edgecap.runtime.search import SearchOptions, bad_ending_ids, beam_search
+from edgecap.runtime.search import SearchOptions
 from edgecap.vocab import PAD, Vocab
 
 CALIB_DIR = "calib"  # beside the graphs in the export directory
@@ -68,7 +69,7 @@ def record_feeds(directory: Path, manifest: Manifest, records: Sequence[ImageRec
     prep = Preprocessing.from_json(manifest.preprocessing)
     backend = OrtBackend(directory, manifest, precision="fp32")
     options = SearchOptions(beam_size=beam_size)
-    banned = bad_ending_ids(Vocab.from_json(manifest.vocab).words, options.bad_endings)
+    vocab = Vocab.from_json(manifest.vocab)
     pixels = np.empty((len(records), 3, prep.image_size, prep.image_size), np.float32)
     rows: list[dict[str, np.ndarray]] = []  # gathered step rows, with "image" index
     memory: dict[str, list[np.ndarray]] = {}
@@ -77,7 +78,7 @@ def record_feeds(directory: Path, manifest: Manifest, records: Sequence[ImageRec
         chunk = records[start:start + batch_size]
         pixels[start:start + len(chunk)] = load_images([r.path for r in chunk], prep)
         session = RecordingSession(backend.encode(pixels[start:start + len(chunk)]))
-        beam_search(session, len(chunk), options, bad_ending_ids=banned)
+        decode(session, len(chunk), options, vocab)
         for name, value in session.feeds[0].items():  # memory is tiled to the beams: keep one row per image
             if spec.role_of(name) == spec.ROLE_MEMORY:
                 memory.setdefault(name, []).extend(value[::beam_size])

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from edgecap.errors import DataError, EdgecapError, ModelError
 from edgecap.preprocess import SAMPLE_IMAGES, Preprocessing, load_images
 from edgecap.runtime.machine import library_versions, machine_info, memcopy_bandwidth_gb_s, peak_rss_mb
 from edgecap.runtime.manifest import Manifest
-from edgecap.runtime.search import SearchOptions, bad_ending_ids
+from edgecap.runtime.search import SearchOptions
 from edgecap.runtime.timing import BenchRow, summarize, time_captions, with_speedups
 from edgecap.runtime.weight_bytes import ort_weight_bytes
 from edgecap.vocab import Vocab
@@ -49,6 +49,7 @@ class BenchPlan:
     warmup: int = DEFAULT_WARMUP  # runs per row before timing starts
     threads: int = 1  # torch.set_num_threads and ORT intra_op_num_threads, both
     images: Path | None = None  # folder of photos repeated to fill a batch (default: the shipped samples)
+    search: SearchOptions = SearchOptions()  # decoding of every row; its beam_size is each row's beam
 
     def __post_init__(self):
         for name in ("backends", "precisions", "batches", "beams"):
@@ -79,7 +80,7 @@ class _Job:
     backend: str
     precision: str
     batch: int
-    beam: int
+    options: SearchOptions  # with the row's beam
     pixels: np.ndarray  # float32 (batch, 3, H, W)
     runs: int
     warmup: int
@@ -108,9 +109,19 @@ def run_bench(export_dir: Path, plan: BenchPlan) -> BenchReport:
                              f"`edgecap export --precision {precision}` adds it)")
             else:
                 pairs.append((backend, precision))
-    beams = [b for b in plan.beams if 2 * b <= manifest.topk]
-    notes += [f"beam {b}: skipped (the step graph returns {manifest.topk} candidates, beam {b} needs {2 * b}; "
-              f"re-export with --beam {b})" for b in plan.beams if b not in beams]
+    searches = {}
+    for beam in plan.beams:
+        try:
+            options = replace(plan.search, beam_size=beam)
+        except ValueError as err:
+            notes.append(f"beam {beam}: skipped ({err})")
+            continue
+        if options.k > manifest.topk:
+            notes.append(f"beam {beam}: skipped (the step graph returns {manifest.topk} candidates, it needs "
+                         f"{options.k}; re-export with --beam {beam})")
+        else:
+            searches[beam] = options
+    beams = list(searches)
     if not pairs or not beams:
         raise EdgecapError(f"bench: nothing to run on {export_dir}: " + "; ".join(notes))
     files = sample_images(plan.images)
@@ -128,7 +139,7 @@ def run_bench(export_dir: Path, plan: BenchPlan) -> BenchReport:
                 for batch, beam in shapes:
                     bar.set_description(f"bench {backend} {precision} batch {batch} beam {beam}")
                     job = _Job(export_dir=export_dir.resolve(), backend=backend, precision=precision, batch=batch,
-                               beam=beam, pixels=pixels[np.arange(batch) % len(pixels)], runs=plan.runs,
+                               options=searches[beam], pixels=pixels[np.arange(batch) % len(pixels)], runs=plan.runs,
                                warmup=plan.warmup, threads=plan.threads, bandwidth_gb_s=bandwidth)
                     row, child_versions = pool.submit(_bench_row, job).result()
                     rows.append(row)
@@ -170,26 +181,25 @@ def _pinned_threads(threads: int) -> Iterator[None]:
 
 # ---- inside the worker process ------------------------------------------------------------------------------------
 
-_LOADED: dict[tuple[str, str], tuple[object, int | None, frozenset[int]]] = {}
+_LOADED: dict[tuple[str, str], tuple[object, int | None, Vocab]] = {}
 
 
 def _bench_row(job: _Job) -> tuple[BenchRow, dict[str, str]]:
     """Run in a spawned worker: load (once) the backend of ``job``, time one row, report the libraries used."""
-    options = SearchOptions(beam_size=job.beam)
-    backend, weight_bytes, banned = _load(job, options.k)
-    timings = time_captions(backend, job.pixels, options, runs=job.runs, warmup=job.warmup, bad_ending_ids=banned)
-    row = summarize(timings, backend=job.backend, precision=job.precision, options=options, threads=job.threads,
+    backend, weight_bytes, vocab = _load(job, job.options.k)
+    timings = time_captions(backend, job.pixels, job.options, vocab, runs=job.runs, warmup=job.warmup)
+    row = summarize(timings, backend=job.backend, precision=job.precision, options=job.options, threads=job.threads,
                     warmup=job.warmup, step_weight_bytes=weight_bytes, bandwidth_gb_s=job.bandwidth_gb_s,
                     peak_rss=peak_rss_mb())
     return row, library_versions()
 
 
 def _load(job: _Job, k: int):
-    """(backend, step weight bytes, banned ending ids) for the job's backend and precision, cached per process."""
+    """(backend, step weight bytes, vocabulary) for the job's backend and precision, cached per process."""
     key = (job.backend, job.precision)
     if key not in _LOADED:
         manifest = Manifest.read(job.export_dir)
-        banned = bad_ending_ids(Vocab.from_json(manifest.vocab).words, SearchOptions().bad_endings)
+        vocab = Vocab.from_json(manifest.vocab)
         if job.backend == "torch":
             import torch
 
@@ -202,24 +212,24 @@ def _load(job: _Job, k: int):
 
             captioner = load_reference(manifest).model
             weight_bytes = _torch_step_weight_bytes(job.export_dir, manifest, captioner.decoder)
-            _LOADED[key] = (captioner, weight_bytes, banned)
+            _LOADED[key] = (captioner, weight_bytes, vocab)
         elif job.backend == "trt":
             from edgecap.runtime.backends.trt import TrtBackend
 
             # The weight-bytes floor is measured against host memory bandwidth: it says nothing about a GPU.
-            _LOADED[key] = (TrtBackend(job.export_dir, manifest, precision=job.precision), None, banned)
+            _LOADED[key] = (TrtBackend(job.export_dir, manifest, precision=job.precision), None, vocab)
         else:
             from edgecap.runtime.backends.ort import OrtBackend
 
             backend = OrtBackend(job.export_dir, manifest, precision=job.precision, threads=job.threads)
             step_file = manifest.graph_files(job.export_dir, job.precision)[1]
-            _LOADED[key] = (backend, ort_weight_bytes(step_file, providers=backend.step.get_providers()), banned)
-    loaded, weight_bytes, banned = _LOADED[key]
+            _LOADED[key] = (backend, ort_weight_bytes(step_file, providers=backend.step.get_providers()), vocab)
+    loaded, weight_bytes, vocab = _LOADED[key]
     if job.backend == "torch":
         from edgecap.torch_backend import TorchBackend
 
-        return TorchBackend(loaded, k), weight_bytes, banned  # k (candidates per row) follows the beam
-    return loaded, weight_bytes, banned
+        return TorchBackend(loaded, k), weight_bytes, vocab  # k (candidates per row) follows the beam
+    return loaded, weight_bytes, vocab
 
 
 def _torch_step_weight_bytes(export_dir: Path, manifest: Manifest, decoder) -> int | None:

@@ -79,14 +79,22 @@ LengthPenalty = Annotated[float, typer.Option(help="Rank finished captions by lo
                                                    "(0: the raw sum, which favours short captions)", min=0.0)]
 BlockTrigrams = Annotated[bool, typer.Option("--block-trigrams", help="Never repeat a trigram within a caption")]
 MaxImages = Annotated[int, typer.Option(help="Only the first N photos of the split (0: all)", min=0)]
+SearchItems = Annotated[list[str] | None, typer.Option(
+    "--search", help="More decoding, FIELD=VALUE, repeatable: n_best=3, sample=true, top_p=0.9, temperature=0.7, "
+                     "seed=1, patience=2, ban_words=man+woman, learned_endings=true, ... (docs/parity-and-bench.md)")]
 JsonOut = Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here")]
 MarkdownOut = Annotated[Path | None, typer.Option("--markdown", help="Also write the Markdown report here")]
 
 
-def _search(beam: int, length_penalty: float, block_trigrams: bool) -> SearchOptions:
+def _search(beam: int, length_penalty: float, block_trigrams: bool, items: list[str] | None) -> SearchOptions:
+    """The decoding flags and ``--search FIELD=VALUE`` items as options; a bad item is one line, not a traceback."""
     from edgecap.runtime.search import SearchOptions
 
-    return SearchOptions(beam_size=beam, length_penalty=length_penalty, block_trigrams=block_trigrams)
+    try:
+        return SearchOptions(beam_size=beam, length_penalty=length_penalty,
+                             block_trigrams=block_trigrams).overridden(items or [])
+    except (TypeError, ValueError) as err:
+        raise EdgecapError(f"--search: {err}") from None
 
 
 def _value(choice: Enum | None) -> str | None:
@@ -133,7 +141,7 @@ def evaluate(
     data: Data, run: RunOrExport = None, split: Annotated[str, typer.Option(help="Split to score")] = "dev",
     backend: ChosenBackend = None, precision: GraphPrecision = Precision.fp32, device: OrtDevice = Device.cpu,
     beam: Beam = 3, length_penalty: LengthPenalty = 0.0, block_trigrams: BlockTrigrams = False,
-    max_images: MaxImages = 0, json_out: Annotated[Path | None, typer.Option(
+    search: SearchItems = None, max_images: MaxImages = 0, json_out: Annotated[Path | None, typer.Option(
         "--json", help="Write the metrics and captions as JSON")] = None,
 ) -> None:
     """Score a model's captions with BLEU, METEOR, ROUGE-L and CIDEr-D (an export directory needs no torch)."""
@@ -142,7 +150,7 @@ def evaluate(
     from edgecap.report import eval_json, eval_table, write_json
 
     source = ModelSource.choose(run, _value(backend), precision.value, device.value)
-    result = run_eval(source, data, split, _search(beam, length_penalty, block_trigrams), max_images=max_images,
+    result = run_eval(source, data, split, _search(beam, length_penalty, block_trigrams, search), max_images=max_images,
                       say=typer.echo)
     typer.echo(eval_table(result))
     if json_out:
@@ -155,7 +163,7 @@ def caption(
     images: Annotated[list[Path], typer.Argument(help="Image files, or folders of them")],
     model: ModelPath = None, backend: ChosenBackend = None, precision: GraphPrecision = Precision.fp32,
     device: OrtDevice = Device.cpu, beam: Beam = 3, length_penalty: LengthPenalty = 0.0,
-    block_trigrams: BlockTrigrams = False,
+    block_trigrams: BlockTrigrams = False, search: SearchItems = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object per image")] = False,
     attention: Annotated[Path | None, typer.Option(help="Write each photo's attention maps to DIR/PHOTO.png")] = None,
 ) -> None:
@@ -168,7 +176,7 @@ def caption(
     from edgecap.report import caption_json, caption_line
 
     source = ModelSource.choose(model, _value(backend), precision.value, device.value)
-    options = _search(beam, length_penalty, block_trigrams)
+    options = _search(beam, length_penalty, block_trigrams, search)
     failed = 0
     for result, maps in caption_files(source, image_files(images), options, attention=attention):
         if isinstance(result, ImageError):
@@ -235,7 +243,7 @@ def parity(
     backend: Annotated[str, typer.Option(help="Candidate backend: ort or trt")] = "ort",
     precision: Annotated[Precision, typer.Option(help="Candidate graph precision")] = Precision.fp32,
     beam: Beam = 3, length_penalty: LengthPenalty = 0.0, block_trigrams: BlockTrigrams = False,
-    max_images: MaxImages = 0,
+    search: SearchItems = None, max_images: MaxImages = 0,
     reference: Annotated[Path | None, typer.Option(help="Checkpoint the export came from (default: as recorded)")]
     = None,
     json_out: JsonOut = None, markdown_out: MarkdownOut = None,
@@ -246,7 +254,7 @@ def parity(
     if backend not in ("ort", "trt"):
         raise EdgecapError(f"--backend {backend}: parity compares PyTorch with 'ort' or 'trt'")
     result = check_export(export_dir, data, split, backend=backend, precision=precision.value,
-                          options=_search(beam, length_penalty, block_trigrams), reference_path=reference,
+                          options=_search(beam, length_penalty, block_trigrams, search), reference_path=reference,
                           max_images=max_images, json_out=json_out, markdown_out=markdown_out, say=typer.echo)
     if not result.passed:  # 1: the export fails its gate; 3: too few photos to tell
         raise typer.Exit(1 if result.verdict.outcome == "fail" else 3)
@@ -263,15 +271,17 @@ def bench(
     warmup: Annotated[int, typer.Option(help="Untimed runs per configuration before timing", min=0)] = 5,
     threads: Annotated[int, typer.Option(help="Intra-op threads, torch and ONNX Runtime alike", min=1)] = 1,
     images: Annotated[Path | None, typer.Option(help="Folder of photos (default: the shipped samples)")] = None,
-    json_out: JsonOut = None, markdown_out: MarkdownOut = None,
+    search: SearchItems = None, json_out: JsonOut = None, markdown_out: MarkdownOut = None,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG chart of the timings")] = None,
 ) -> None:
     """Time encoder, step and whole caption per backend/precision/batch/beam, side by side with PyTorch eager."""
     from edgecap.benchmarking import BenchPlan, bench_export
 
+    beams = parse_ints(beam, "--beam")
     plan = BenchPlan(backends=parse_list(backend, BACKENDS, "--backend"),
                      precisions=parse_list(precision, PRECISIONS, "--precision"), batches=parse_ints(batch, "--batch"),
-                     beams=parse_ints(beam, "--beam"), runs=runs, warmup=warmup, threads=threads, images=images)
+                     beams=beams, runs=runs, warmup=warmup, threads=threads, images=images,
+                     search=_search(max(beams), 0.0, False, search))
     bench_export(export_dir, plan, json_out=json_out, markdown_out=markdown_out, plot=plot, say=typer.echo)
 
 

@@ -28,10 +28,11 @@ from edgecap.checkpoint import load_reference
 from edgecap.data.records import ImageRecord
 from edgecap.errors import DataError
 from edgecap.preprocess import Preprocessing, load_images
+from edgecap.runtime.decoding import decode
 from edgecap.runtime.machine import machine_info
 from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.pipeline import check_options, open_backend
-from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
+from edgecap.runtime.search import Hypothesis, SearchOptions
 from edgecap.torch_backend import TorchBackend
 from edgecap.vocab import BOS, EOS, PAD, Vocab
 
@@ -175,7 +176,6 @@ def _decode_both(records: Sequence[ImageRecord], sides: dict[str, _Side], option
     """Best hypothesis per record from each side, through the same search, on pixels preprocessed as each side
     preprocesses them; ``stats`` gains the teacher-forced comparison along the reference's captions."""
     hyps: dict[str, list[Hypothesis]] = {name: [] for name in sides}
-    banned = {name: bad_ending_ids(side.vocab.words, options.bad_endings) for name, side in sides.items()}
     for start in tqdm(range(0, len(records), batch_size), desc=label, unit="batch"):
         chunk = records[start:start + batch_size]
         pixels = {}
@@ -184,7 +184,7 @@ def _decode_both(records: Sequence[ImageRecord], sides: dict[str, _Side], option
             pixels[name] = next((p for other, p in pixels.items() if sides[other].prep.to_json() == prep), None)
             if pixels[name] is None:
                 pixels[name] = load_images([r.path for r in chunk], side.prep)
-            found = beam_search(side.backend.encode(pixels[name]), len(chunk), options, bad_ending_ids=banned[name])
+            found = decode(side.backend.encode(pixels[name]), len(chunk), options, side.vocab)
             hyps[name] += [h[0] for h in found]
         forced_words = [h.tokens + (EOS,) for h in hyps["reference"][start:]]
         forced = [teacher_forced(side.backend, pixels[name], forced_words) for name, side in sides.items()]

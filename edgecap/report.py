@@ -6,7 +6,7 @@ import json
 import math
 import textwrap
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,17 +27,29 @@ METRIC_ORDER = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CI
 
 
 def decoding_json(options: SearchOptions) -> dict:
-    """The search settings a report's captions depend on, beside its scores."""
+    """The search settings a report's captions depend on, beside its scores: the three stable fields, then every
+    option (``search``), so a report says how to decode the same captions again."""
     return {"beam": options.beam_size, "length_penalty": options.length_penalty,
-            "block_trigrams": options.block_trigrams}
+            "block_trigrams": options.block_trigrams, "search": asdict(options)}
 
 
 def decoding_text(options: SearchOptions) -> str:
-    """``beam 3``, plus the non-default ranking and blocking, for a report's title."""
-    parts = [f"beam {options.beam_size}"]
+    """``beam 3``, plus every option not at its default, for a report's title."""
+    parts = [f"{'sampling, ' if options.sample else ''}beam {options.beam_size}"]
     parts += [f"length penalty {options.length_penalty:g}"] if options.length_penalty else []
     parts += ["trigram blocking"] if options.block_trigrams else []
+    default = type(options)()
+    parts += [f"{f.name}={_option_text(getattr(options, f.name))}" for f in fields(options)
+              if f.name not in ("beam_size", "length_penalty", "block_trigrams", "sample")
+              and getattr(options, f.name) != getattr(default, f.name)]
     return ", ".join(parts)
+
+
+def _option_text(value) -> str:
+    """An option as ``--search`` spells it: words joined by ``+``, floats short."""
+    if isinstance(value, tuple):
+        return "+".join(value) or "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def eval_json(result: EvalResult) -> dict:
@@ -194,13 +206,15 @@ def engine_line(engine: BuiltEngine) -> str:
 
 def caption_json(caption: Caption, attention: Path | None = None) -> dict:
     attention_file = {"attention": str(attention)} if attention else {}
+    alternatives = {"alternatives": list(caption.alternatives)} if caption.alternatives else {}
     return {"image": str(caption.image), "caption": caption.text, "logprob": round(caption.logprob, 4),
-            **attention_file}
+            **alternatives, **attention_file}
 
 
 def caption_line(caption: Caption, attention: Path | None = None) -> str:
-    """``photo.jpg: a dog runs on the grass``, and where its attention maps went."""
-    return f"{caption.image}: {caption.text}" + (f"\n  attention maps: {attention}" if attention else "")
+    """``photo.jpg: a dog runs on the grass``, its alternatives (n_best) and where its attention maps went."""
+    lines = [f"{caption.image}: {caption.text}", *(f"  or: {text}" for text in caption.alternatives)]
+    return "\n".join(lines + ([f"  attention maps: {attention}"] if attention else []))
 
 
 def export_lines(manifest: Manifest, directory: Path) -> list[str]:

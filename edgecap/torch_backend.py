@@ -19,8 +19,9 @@ from edgecap.checkpoint import LoadedModel
 from edgecap.data.features import cached_features
 from edgecap.data.records import ImageRecord
 from edgecap.preprocess import load_images
-from edgecap.runtime.pipeline import Caption
-from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
+from edgecap.runtime.decoding import decode
+from edgecap.runtime.pipeline import Caption, caption_of
+from edgecap.runtime.search import Hypothesis, SearchOptions
 from edgecap.vocab import Vocab
 
 if TYPE_CHECKING:  # scoring needs pycocoevalcap (the metrics extra); captioning does not
@@ -76,18 +77,21 @@ class TorchBackend:
 def search_features(decoder: nn.Module, features: np.ndarray | torch.Tensor, vocab: Vocab, options: SearchOptions, *,
                     batch_size: int = 100) -> list[Hypothesis]:
     """Best hypothesis per image of grid features (N, L, C), decoded in batches of ``batch_size`` images."""
+    return [found[0] for found in search_features_n(decoder, features, vocab, options, batch_size=batch_size)]
+
+
+@torch.no_grad()
+def search_features_n(decoder: nn.Module, features: np.ndarray | torch.Tensor, vocab: Vocab, options: SearchOptions,
+                      *, batch_size: int = 100) -> list[list[Hypothesis]]:
+    """``options.n_best`` hypotheses per image of grid features (N, L, C), best first."""
     decoder.eval()
-    banned_endings = bad_ending_ids(vocab.words, options.bad_endings)
-    k = options.candidates or 2 * options.beam_size
-    best: list[Hypothesis] = []
+    found: list[list[Hypothesis]] = []
     for start in range(0, len(features), batch_size):
         chunk = features[start:start + batch_size]
         # A read-only fp16 memmap slice is copied to a writable float32 array (torch warns on read-only memory).
         chunk = chunk.float() if isinstance(chunk, torch.Tensor) else torch.from_numpy(np.array(chunk, np.float32))
-        session = TorchSession(decoder, chunk, k)
-        for hyps in beam_search(session, len(chunk), options, bad_ending_ids=banned_endings):
-            best.append(hyps[0])
-    return best
+        found += decode(TorchSession(decoder, chunk, options.k), len(chunk), options, vocab)
+    return found
 
 
 def captions_of(hypotheses: Sequence[Hypothesis], vocab: Vocab) -> list[str]:
@@ -110,8 +114,8 @@ def encode_images(loaded: LoadedModel, paths: Sequence[Path], *, batch_size: int
 def caption_images(loaded: LoadedModel, paths: Sequence[Path], options: SearchOptions) -> list[Caption]:
     """One caption per image file, best beam first."""
     features = encode_images(loaded, paths)
-    hyps = search_features(loaded.model.decoder, features, loaded.vocab, options)
-    return [Caption(Path(p), loaded.vocab.decode(h.tokens), h) for p, h in zip(paths, hyps, strict=True)]
+    found = search_features_n(loaded.model.decoder, features, loaded.vocab, options)
+    return [caption_of(Path(p), hyps, loaded.vocab) for p, hyps in zip(paths, found, strict=True)]
 
 
 def split_features(loaded: LoadedModel, records: Sequence[ImageRecord]) -> np.ndarray | torch.Tensor:

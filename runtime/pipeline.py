@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +14,9 @@ from edgecap.errors import ImageError, ModelError
 from edgecap.preprocess import Preprocessing, frame_to_array, load_images
 from edgecap.runtime.backends.base import Backend
 from edgecap.runtime.backends.ort import OrtBackend
+from edgecap.runtime.decoding import decode
 from edgecap.runtime.manifest import Manifest
-from edgecap.runtime.search import Hypothesis, SearchOptions, bad_ending_ids, beam_search
+from edgecap.runtime.search import Hypothesis, SearchOptions
 from edgecap.vocab import Vocab
 
 
@@ -38,6 +40,7 @@ class Caption:
     image: Path | None  # the file; None for a frame passed in memory
     text: str
     hypothesis: Hypothesis
+    alternatives: tuple[str, ...] = ()  # with n_best > 1: the next best captions, best first
 
     @property
     def words(self) -> tuple[str, ...]:
@@ -57,8 +60,9 @@ def check_options(manifest: Manifest, options: SearchOptions, directory: Path | 
     """Refuse a search the export cannot run exactly: too few candidates per step, or a KV cache too short."""
     where = f"{directory}: " if directory is not None else ""
     if options.k > manifest.topk:
-        raise ModelError(f"{where}beam {options.beam_size} needs {options.k} candidates per step but the step graph "
-                         f"returns {manifest.topk}; re-export with --beam {options.beam_size}")
+        top_k = f" top_k {options.top_k}" if options.sample and options.top_k else ""
+        raise ModelError(f"{where}beam {options.beam_size}{top_k} needs {options.k} candidates per step but the step "
+                         f"graph returns {manifest.topk}; re-export with --beam {math.ceil(options.k / 2)}")
     cache = manifest.model_config.get("max_positions")  # a static KV cache: steps 0..max_positions-1
     if cache is not None and options.max_length >= cache:
         raise ModelError(f"{where}max_length {options.max_length} needs decoding steps 0..{options.max_length} but the "
@@ -74,7 +78,6 @@ class Captioner:
         self.directory = directory  # named in errors
         self.vocab = Vocab.from_json(manifest.vocab)
         self.prep = Preprocessing.from_json(manifest.preprocessing)
-        self._banned_endings: dict[tuple[str, ...], frozenset[int]] = {}
 
     @classmethod
     def from_dir(cls, directory: Path | str, *, backend: str = "ort", precision: str = "fp32",
@@ -86,12 +89,12 @@ class Captioner:
 
     def search(self, pixels: np.ndarray, options: SearchOptions) -> list[Hypothesis]:
         """Best hypothesis per image of preprocessed pixels (N, 3, H, W)."""
+        return [found[0] for found in self.search_n(pixels, options)]
+
+    def search_n(self, pixels: np.ndarray, options: SearchOptions) -> list[list[Hypothesis]]:
+        """``options.n_best`` hypotheses per image of preprocessed pixels (N, 3, H, W), best first."""
         check_options(self.manifest, options, self.directory)
-        session = self.backend.encode(pixels)
-        if options.bad_endings not in self._banned_endings:  # a scan of the vocabulary: once, not per call
-            self._banned_endings[options.bad_endings] = bad_ending_ids(self.vocab.words, options.bad_endings)
-        banned = self._banned_endings[options.bad_endings]
-        return [hyps[0] for hyps in beam_search(session, len(pixels), options, bad_ending_ids=banned)]
+        return decode(self.backend.encode(pixels), len(pixels), options, self.vocab)
 
     def caption(self, paths: Sequence[Path | str], options: SearchOptions, *, batch_size: int = 16) -> list[Caption]:
         """One caption per image file, ``batch_size`` images decoded and searched at a time."""
@@ -121,5 +124,10 @@ class Captioner:
 
     def _caption_batch(self, images: Sequence[Path | None], pixels: np.ndarray,
                        options: SearchOptions) -> list[Caption]:
-        return [Caption(image, self.vocab.decode(hyp.tokens), hyp)
-                for image, hyp in zip(images, self.search(pixels, options), strict=True)]
+        return [caption_of(image, found, self.vocab)
+                for image, found in zip(images, self.search_n(pixels, options), strict=True)]
+
+
+def caption_of(image: Path | None, found: Sequence[Hypothesis], vocab: Vocab) -> Caption:
+    """The best of an image's hypotheses as its caption, the others as its alternatives."""
+    return Caption(image, vocab.decode(found[0].tokens), found[0], tuple(vocab.decode(h.tokens) for h in found[1:]))

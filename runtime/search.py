@@ -17,6 +17,8 @@ through the stored back-pointers once, for the hypotheses that are returned.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -24,7 +26,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from edgecap.vocab import BOS, EOS, PAD, UNK
+from edgecap.runtime.filters import filter_candidates, force_end
+from edgecap.vocab import BOS, EOS, PAD
 
 NEG_INF = -np.inf
 DEFAULT_BAD_ENDINGS = ("a", "an", "the", "of", "with", "and", "in", "on", "at", "to", "its", "their", "his", "her",
@@ -59,10 +62,20 @@ class SearchOptions:
     block_trigrams: bool = False  # ban a word that would repeat a trigram already in the hypothesis
     ban_unk: bool = True  # never emit <unk>
     bad_endings: tuple[str, ...] = DEFAULT_BAD_ENDINGS  # eos is banned right after these words
+    learned_endings: bool = False  # ban instead the endings the model's training captions (almost) never had
+    ban_words: tuple[str, ...] = ()  # words never emitted
+    n_best: int = 1  # captions returned per image, best first (at most beam_size; with sample, the samples)
+    patience: float = 1.0  # an image is done once patience x beam_size captions have ended (<1 stops sooner)
+    sample: bool = False  # draw each word at random instead of searching (n_best captions per image)
+    temperature: float = 1.0  # sampling: p ∝ exp(logprob / temperature)
+    top_k: int = 0  # sampling: from the k most likely allowed candidates (0: all the step returns)
+    top_p: float = 1.0  # sampling: from the fewest candidates whose probability sums to top_p (nucleus)
+    seed: int = 0  # sampling: the random draws are repeatable
     candidates: int = 0  # k candidates per row the search reads from each step; 0 means 2 * beam_size
 
     def __post_init__(self):
-        for name, low in (("beam_size", 1), ("max_length", 1), ("min_length", 0), ("candidates", 0)):
+        for name, low in (("beam_size", 1), ("max_length", 1), ("min_length", 0), ("candidates", 0), ("n_best", 1),
+                          ("top_k", 0), ("seed", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"SearchOptions.{name} must be an int, got {value!r}")
@@ -70,14 +83,46 @@ class SearchOptions:
                 raise ValueError(f"SearchOptions.{name} must be >= {low}, got {value}")
         if self.min_length > self.max_length:
             raise ValueError(f"SearchOptions.min_length ({self.min_length}) exceeds max_length ({self.max_length})")
-        if not self.length_penalty >= 0:  # also rejects nan
-            raise ValueError(f"SearchOptions.length_penalty must be >= 0, got {self.length_penalty}")
-        if isinstance(self.bad_endings, str):
-            raise TypeError(f"SearchOptions.bad_endings must be a tuple of words, got the string {self.bad_endings!r}")
+        for name, ok, bound in (("length_penalty", self.length_penalty >= 0, ">= 0"),
+                                ("patience", self.patience > 0, "> 0"), ("temperature", self.temperature > 0, "> 0"),
+                                ("top_p", 0 < self.top_p <= 1, "in (0, 1]")):
+            if not ok:  # also false for nan
+                raise ValueError(f"SearchOptions.{name} must be {bound}, got {getattr(self, name)}")
+        if not self.sample and self.n_best > self.beam_size:
+            raise ValueError(f"SearchOptions.n_best ({self.n_best}) exceeds beam_size ({self.beam_size}): a beam "
+                             "search keeps beam_size captions")
+        for name in ("bad_endings", "ban_words"):
+            words = getattr(self, name)
+            if isinstance(words, str):
+                raise TypeError(f"SearchOptions.{name} must be a tuple of words, got the string {words!r}")
 
     @property
     def k(self) -> int:
-        return self.candidates or 2 * self.beam_size
+        """Candidates per row read from each step: twice the beam, so filters leave enough; more for a larger top_k."""
+        return self.candidates or max(2 * self.beam_size, self.top_k if self.sample else 0)
+
+    def overridden(self, items: Sequence[str]) -> SearchOptions:
+        """These options with ``FIELD=VALUE`` items applied (words as ``a+b``); a ValueError names a bad item."""
+        changes = {}
+        fields_ = {f.name: f for f in dataclasses.fields(self)}
+        for item in items:
+            name, sep, value = item.partition("=")
+            if not sep or name not in fields_ or name == "candidates":
+                raise ValueError(f"--search {item}: expected FIELD=VALUE with FIELD one of "
+                                 f"{', '.join(n for n in fields_ if n != 'candidates')}")
+            current = getattr(self, name)
+            if isinstance(current, tuple):
+                changes[name] = tuple(w for w in value.split("+") if w) if value != "none" else ()
+            elif isinstance(current, bool):
+                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(f"--search {item}: expected true or false")
+                changes[name] = value.lower() in ("true", "1", "yes")
+            else:
+                try:
+                    changes[name] = type(current)(value)
+                except ValueError:
+                    raise ValueError(f"--search {item}: expected a {type(current).__name__}") from None
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -86,87 +131,6 @@ class Hypothesis:
     logprob: float  # sum of token log-probs including eos
     score: float  # ranker score (length penalty applied)
     attention: np.ndarray = field(repr=False)  # float32 (len(tokens) + 1, L): one row per step, eos step included
-
-
-def bad_ending_ids(words: Sequence[str], endings: Sequence[str]) -> frozenset[int]:
-    """Vocabulary ids of the words after which a caption may not end."""
-    wanted = set(endings)
-    return frozenset(i for i, w in enumerate(words) if w in wanted)
-
-
-# ---- logit filters ------------------------------------------------------------------------------------------------
-
-def repeats_trigram(history: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """bool (R, k): candidate ids (R, k) that would repeat a trigram of the word history (R, t)."""
-    t = history.shape[1]
-    if t < 3:
-        return np.zeros(ids.shape, dtype=bool)
-    # Trigrams starting at i <= t-3 whose first two words are the history's last two; their third words are banned.
-    same_prefix = (history[:, : t - 2] == history[:, t - 2: t - 1]) & (history[:, 1: t - 1] == history[:, t - 1:])
-    out = np.zeros(ids.shape, dtype=bool)
-    rows = np.flatnonzero(same_prefix.any(axis=1))  # usually few: compare candidates on those rows only
-    if len(rows):
-        third = history[rows, 2:]
-        out[rows] = (same_prefix[rows, :, None] & (third[:, :, None] == ids[rows, None, :])).any(axis=1)
-    return out
-
-
-@lru_cache(maxsize=8)
-def ending_mask(banned_endings: frozenset[int]) -> np.ndarray:
-    """bool (max id + 2,): True at the banned ids; the last entry (False) stands for every larger id
-    (``np.take(..., mode="clip")``)."""
-    mask = np.zeros(max(banned_endings, default=-1) + 2, dtype=bool)
-    mask[list(banned_endings)] = True
-    mask.flags.writeable = False
-    return mask
-
-
-def never_words(ban_unk: bool) -> int:
-    """Ids below this are never emitted (pad, bos, unk when banned), eos excepted: the vocabulary's specials
-    come first, in that order, so one comparison finds them."""
-    return UNK + 1 if ban_unk else EOS
-
-
-@lru_cache(maxsize=2)
-def never_mask(ban_unk: bool) -> np.ndarray:
-    """bool (never_words + 1,): True at the ids that are never emitted; the last entry (False) stands for every
-    larger id, so one ``np.take(..., mode="clip")`` bans them (and eos stays allowed)."""
-    mask = np.arange(never_words(ban_unk) + 1) < never_words(ban_unk)
-    mask[EOS] = False
-    mask.flags.writeable = False
-    return mask
-
-
-def filter_candidates(logprobs: np.ndarray, ids: np.ndarray, *, history: np.ndarray, position: int,
-                      options: SearchOptions, banned_endings: frozenset[int] = frozenset()) -> np.ndarray:
-    """Candidate log-probs float64 (R, k) with banned continuations set to -inf.
-
-    ``ids`` (R, k) are the candidates of rows whose word history is ``history`` (R, position).
-    The end at ``max_length`` is not a filter: see :func:`force_end`. Every step runs this, so it keeps to a few
-    numpy calls: table lookups instead of chains of comparisons.
-    """
-    out = logprobs.astype(np.float64)  # a copy: the session keeps its buffer
-    banned = never_mask(options.ban_unk).take(ids, mode="clip")
-    if position < options.min_length:
-        banned |= ids == EOS
-    elif position > 0 and banned_endings:
-        banned |= (ids == EOS) & ending_mask(banned_endings).take(history[:, -1], mode="clip")[:, None]
-    if options.block_trigrams:
-        banned |= repeats_trigram(history, ids)
-    out[banned] = NEG_INF
-    return out
-
-
-def force_end(logprobs: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The only candidate of each row at max length: eos, as (log-probs float64 (R, 1), ids int64 (R, 1)).
-
-    Eos is scored with its log-prob when it is among the row's k candidates. When it is not, its log-prob is
-    unknown but at most the k-th candidate's, and that bound is used: ending there never ranks above ending a
-    row whose eos made the top k with the same score, and the caption still gets its full length.
-    """
-    is_eos = ids == EOS
-    eos_logprob = np.where(is_eos.any(axis=1), np.where(is_eos, logprobs, 0).sum(axis=1), logprobs[:, -1])
-    return eos_logprob.astype(np.float64)[:, None], np.full((len(ids), 1), EOS, dtype=np.int64)
 
 
 # ---- beam update --------------------------------------------------------------------------------------------------
@@ -305,25 +269,26 @@ def _record_finished(update: BeamUpdate, cumulative: np.ndarray, history: np.nda
             finished.add(b, history[b * beam + r], float(cumulative[b, r]), step=position, row=b * beam + r)
         done |= ~alive
     if finished.full:
-        done |= (finished.count == beam) & (best / length_bound <= finished.worst)
+        done |= (finished.count == finished.beam) & (best / length_bound <= finished.worst)
     return not all_alive or (finished.full > 0 and bool(done.any()))
 
 
 def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *,
-                bad_ending_ids: frozenset[int] = frozenset()) -> list[list[Hypothesis]]:
+                bad_ending_ids: frozenset[int] = frozenset(),
+                banned_ids: frozenset[int] = frozenset()) -> list[list[Hypothesis]]:
     """Up to ``beam_size`` finished hypotheses per image, best first, deterministic.
 
     The session is tiled to ``batch_size * beam`` rows first; at the first step every row reads bos and only
     beam 0 of each image is live (the others start at -inf), so all rows of an image agree there. An image
-    stops once it has ``beam_size`` hypotheses that no live beam can outscore (log-probs only fall as words are
-    added), or when it has no live beam left; the search stops when every image has, or after ``max_length``
+    stops once it has ``patience x beam_size`` hypotheses that no live beam can outscore (log-probs only fall as
+    words are added), or when it has no live beam left; the search stops when every image has, or after ``max_length``
     words, where every live beam ends (:func:`force_end`). If filters leave an image no candidate at all before it
     has a hypothesis, its best beam ends where it stands, with no eos term. Only the session's first
     ``options.k`` candidates are read, so results do not depend on how many a graph returns.
     """
     beam, alpha, k = options.beam_size, options.length_penalty, options.k
-    endings = frozenset(bad_ending_ids)
-    finished = _Finished(batch_size, beam, alpha)
+    endings, banned = frozenset(bad_ending_ids), frozenset(banned_ids)
+    finished = _Finished(batch_size, max(1, math.ceil(options.patience * beam)), alpha)  # patience: how many end
     done = np.zeros(batch_size, dtype=bool)
     first_rows = np.arange(0, batch_size * beam, beam, dtype=np.int64)[:, None]  # (B, 1): row of each image's beam 0
     length_bound = options.max_length ** alpha
@@ -347,7 +312,7 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
             logprobs, ids = logprobs[:, :k], ids[:, :k]
         if position < options.max_length:
             scores = filter_candidates(logprobs, ids, history=history, position=position, options=options,
-                                       banned_endings=endings)
+                                       banned_endings=endings, banned_words=banned)
         else:
             scores, ids = force_end(logprobs, ids)
         update = update_beams(cumulative, scores, ids, beam)
@@ -359,4 +324,4 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
         history = np.concatenate([history[reorder], update.words.reshape(-1, 1)], axis=1)
         cumulative = np.where(done[:, None], NEG_INF, update.cumulative) if some_done else update.cumulative
         tokens = np.where(np.isfinite(cumulative), update.words, PAD).reshape(-1).astype(np.int64, copy=False)
-    return finished.hypotheses(attentions, reorders)
+    return [kept[:beam] for kept in finished.hypotheses(attentions, reorders)]

@@ -1,6 +1,6 @@
 """Per-stage timing of any backend, torch-free: the encoder, every decoder step, the whole caption.
 
-A caption is ``backend.encode(pixels)`` followed by ``beam_search`` over the session it returns, as in
+A caption is ``backend.encode(pixels)`` followed by ``decode`` (the search) over the session it returns, as in
 ``Captioner.search``; pixels are preprocessed beforehand, so image decoding is not timed. Each step is timed
 by wrapping the session in :class:`TimedSession`, so what remains of the caption once the encoder and the
 steps are taken out is the host side of the search: logit filters, beam update, bookkeeping, and the one
@@ -18,7 +18,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from edgecap.runtime.backends.base import Backend
-from edgecap.runtime.search import SearchOptions, StepSession, beam_search
+from edgecap.runtime.decoding import decode
+from edgecap.runtime.search import SearchOptions, StepSession
+from edgecap.vocab import Vocab
 
 Clock = Callable[[], float]  # seconds, monotonic
 
@@ -61,8 +63,8 @@ class CaptionTimings:
         return self.caption - self.encoder - self.step_totals
 
 
-def time_captions(backend: Backend, pixels: np.ndarray, options: SearchOptions, *, runs: int, warmup: int,
-                  bad_ending_ids: frozenset[int] = frozenset(), clock: Clock = time.perf_counter) -> CaptionTimings:
+def time_captions(backend: Backend, pixels: np.ndarray, options: SearchOptions, vocab: Vocab, *, runs: int,
+                  warmup: int, clock: Clock = time.perf_counter) -> CaptionTimings:
     """Caption ``pixels`` float32 (B, 3, H, W) ``warmup + runs`` times; time the last ``runs``.
 
     The garbage collector is paused while a run is timed (as ``timeit`` does), so a collection triggered by
@@ -79,7 +81,7 @@ def time_captions(backend: Backend, pixels: np.ndarray, options: SearchOptions, 
             start = clock()
             session = TimedSession(backend.encode(pixels), clock)
             encoded = clock()
-            beam_search(session, len(pixels), options, bad_ending_ids=bad_ending_ids)
+            decode(session, len(pixels), options, vocab)
             end = clock()
             if was_enabled:
                 gc.enable()

@@ -247,6 +247,21 @@ def test_attention_maps_without_matplotlib_fail_before_any_captioning(tmp_path):
                                               "pip install 'edgecap[plots]'")
 
 
+def test_search_options_give_alternatives_samples_and_one_line_errors():
+    photo = str(SAMPLES / "dog.jpg")
+    code, output = invoke("caption", photo, "--json", "--search", "n_best=3")
+    best = json.loads(output)
+    assert code == 0 and len(best["alternatives"]) == 2 and best["caption"] not in best["alternatives"]
+    code, output = invoke("caption", photo, "--json", "--search", "sample=true", "--search", "top_p=0.9")
+    assert code == 0 and json.loads(output)["caption"]  # repeatability is tested on synthetic tables
+    code, output = invoke("caption", photo, "--search", "learned_endings=true", "--search", "ban_words=dog")
+    assert code == 0 and " dog" not in output.split(": ", 1)[1], output
+    for item, named in (("speed=3", "expected FIELD=VALUE"), ("ban_words=zebraz", "zebraz not in the model's"),
+                        ("n_best=5", "n_best (5) exceeds beam_size (3)")):
+        code, output = invoke("caption", photo, "--search", item)
+        assert code == 2 and output.startswith("error: ") and named in output and "\n" not in output.strip(), output
+
+
 def test_caption_refuses_a_precision_only_an_export_has():
     code, output = invoke("caption", str(SAMPLES / "camera.jpg"), "--precision", "fp16")
     assert code == 2 and "--precision fp16 picks an export's graphs" in output, output

@@ -21,11 +21,12 @@ from edgecap.runtime.timing import (
     with_speedups,
 )
 from edgecap.runtime.weight_bytes import onnx_weight_bytes, ort_weight_bytes
-from edgecap.vocab import EOS
+from edgecap.vocab import EOS, SPECIALS, Vocab
 from tests.helpers import invoke
 from tests.without_torch import run_without_torch
 
 ENCODE_S, TILE_S, STEP_S = 0.005, 0.0004, 0.001  # what the scripted backend "spends" on the clock
+WORDS = Vocab(SPECIALS + tuple(f"w{i}" for i in range(4, 12)))  # the ids the scripted session returns
 
 
 class ScriptedClock:
@@ -68,8 +69,8 @@ class ScriptedBackend:
 def test_timing_core_splits_a_caption_into_encoder_steps_and_search():
     clock = ScriptedClock()
     options = SearchOptions(beam_size=2, max_length=6)
-    timings = time_captions(ScriptedBackend(clock), np.zeros((3, 3, 4, 4), np.float32), options, runs=4, warmup=2,
-                            clock=clock)
+    timings = time_captions(ScriptedBackend(clock), np.zeros((3, 3, 4, 4), np.float32), options, WORDS, runs=4,
+                            warmup=2, clock=clock)
     assert timings.batch == 3 and len(timings.caption) == len(timings.steps) == 4
     steps = len(timings.steps[0])
     assert 4 <= steps <= 7 and all(len(s) == steps for s in timings.steps)
@@ -112,7 +113,7 @@ def test_timed_session_forwards_step_and_tile():
 def test_speedups_are_against_the_torch_row_of_the_same_batch_and_beam():
     clock = ScriptedClock()
     timings = time_captions(ScriptedBackend(clock), np.zeros((1, 3, 4, 4), np.float32), SearchOptions(beam_size=1),
-                            runs=2, warmup=0, clock=clock)
+                            WORDS, runs=2, warmup=0, clock=clock)
     base = summarize(timings, backend="torch", precision="fp32", options=SearchOptions(beam_size=1), threads=1,
                      warmup=0)
     fast = replace(base, backend="ort", caption_ms_p50=base.caption_ms_p50 / 4, encoder_ms_p50=base.encoder_ms_p50 / 2)

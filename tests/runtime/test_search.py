@@ -7,14 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from edgecap.runtime.search import (
-    SearchOptions,
-    bad_ending_ids,
-    beam_search,
-    filter_candidates,
-    rank_score,
-    repeats_trigram,
-)
+from edgecap.runtime.filters import filter_candidates, repeats_trigram, word_ids
+from edgecap.runtime.search import SearchOptions, beam_search, rank_score
 from edgecap.vocab import BOS, EOS, PAD, UNK
 
 Model = Callable[[int, tuple[int, ...]], np.ndarray]  # (image, tokens so far incl. bos) -> log-probs (V,)
@@ -257,7 +251,7 @@ def test_bad_endings_are_not_final_words():
     table[4, 5] = 0.5
     table[5, EOS] = 1.0
     words = ["<pad>", "<bos>", "<eos>", "<unk>", "the", "dog", "x"]
-    banned = bad_ending_ids(words, ("the", "cat"))
+    banned = word_ids(words, ("the", "cat"))
     assert banned == frozenset({4})
     model = table_model(table[None])
     [[hyp]], _ = search(model, SearchOptions(beam_size=1, candidates=4), bad_endings=banned)
