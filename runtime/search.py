@@ -66,6 +66,8 @@ class SearchOptions:
     ban_words: tuple[str, ...] = ()  # words never emitted
     n_best: int = 1  # captions returned per image, best first (at most beam_size; with sample, the samples)
     patience: float = 1.0  # an image is done once patience x beam_size captions have ended (<1 stops sooner)
+    groups: int = 1  # diverse beam search: beam_size / groups beams per group, each group penalised for the
+    diversity: float = 0.5  # words earlier groups chose at the same step, diversity x times chosen (Hamming)
     sample: bool = False  # draw each word at random instead of searching (n_best captions per image)
     temperature: float = 1.0  # sampling: p ∝ exp(logprob / temperature)
     top_k: int = 0  # sampling: from the k most likely allowed candidates (0: all the step returns)
@@ -75,7 +77,7 @@ class SearchOptions:
 
     def __post_init__(self):
         for name, low in (("beam_size", 1), ("max_length", 1), ("min_length", 0), ("candidates", 0), ("n_best", 1),
-                          ("top_k", 0), ("seed", 0)):
+                          ("top_k", 0), ("seed", 0), ("groups", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"SearchOptions.{name} must be an int, got {value!r}")
@@ -85,9 +87,13 @@ class SearchOptions:
             raise ValueError(f"SearchOptions.min_length ({self.min_length}) exceeds max_length ({self.max_length})")
         for name, ok, bound in (("length_penalty", self.length_penalty >= 0, ">= 0"),
                                 ("patience", self.patience > 0, "> 0"), ("temperature", self.temperature > 0, "> 0"),
-                                ("top_p", 0 < self.top_p <= 1, "in (0, 1]")):
+                                ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
+                                ("diversity", self.diversity >= 0, ">= 0")):
             if not ok:  # also false for nan
                 raise ValueError(f"SearchOptions.{name} must be {bound}, got {getattr(self, name)}")
+        if self.beam_size % self.groups or (self.sample and self.groups > 1):
+            raise ValueError(f"SearchOptions.groups ({self.groups}) must divide beam_size ({self.beam_size}), and "
+                             "sampling has no groups")
         if not self.sample and self.n_best > self.beam_size:
             raise ValueError(f"SearchOptions.n_best ({self.n_best}) exceeds beam_size ({self.beam_size}): a beam "
                              "search keeps beam_size captions")
@@ -185,6 +191,40 @@ def update_beams(cumulative: np.ndarray, scores: np.ndarray, ids: np.ndarray, be
                       ended_row=top[ended_image, ended_rank] // k, ended_logprob=top_totals[ended])
 
 
+def update_groups(cumulative: np.ndarray, scores: np.ndarray, ids: np.ndarray, beam: int, groups: int,
+                  diversity: float) -> BeamUpdate:
+    """Diverse beam search's update (Vijayakumar et al., 2018): :func:`update_beams` of each group in turn, its
+    candidates penalised by ``diversity`` x how often earlier groups of the same image chose each word at this step.
+
+    Rows ``(b * groups + g) * beam + j`` are beam ``j`` of group ``g`` of image ``b``: each group is one "image" of
+    ``beam`` beams to the rest of the search. The penalty steers only this step's choice: beams keep their model
+    log-probs, so finished captions rank by what the model says.
+    """
+    batch, k = len(cumulative) // groups, scores.shape[1]
+    by_group = [cumulative.reshape(batch, groups, beam), scores.reshape(batch, groups, beam, k),
+                ids.reshape(batch, groups, beam, k)]
+    images = _image_column(batch)
+    chosen = np.zeros((batch, 0), dtype=np.int64)  # words earlier groups chose at this step, -1 for dead beams
+    parts = []
+    for g in range(groups):
+        cum, raw, cand = (a[:, g] for a in by_group)  # (B, beam), (B, beam, k), (B, beam, k)
+        times = (cand[..., None] == chosen[:, None, None, :]).sum(-1)
+        update = update_beams(cum, (raw - diversity * times).reshape(-1, k), cand.reshape(-1, k), beam)
+        parent_cand = cand[images, update.parent]  # (B, beam, k): the candidates the new beams came from
+        column = (parent_cand == update.words[..., None]).argmax(-1)
+        model_total = cum[images, update.parent] + raw[images, update.parent, column]
+        alive = np.isfinite(update.cumulative)
+        eos_column = (cand[update.ended_image, update.ended_row] == EOS).argmax(-1)
+        ended = cum[update.ended_image, update.ended_row] + raw[update.ended_image, update.ended_row, eos_column]
+        parts.append(BeamUpdate(update.parent, update.words, np.where(alive, model_total, NEG_INF),
+                                update.ended_image * groups + g, update.ended_row, ended))
+        chosen = np.concatenate([chosen, np.where(alive, update.words, -1)], axis=1)
+    stack = [np.stack([getattr(p, f) for p in parts], axis=1).reshape(batch * groups, beam)
+             for f in ("parent", "words", "cumulative")]
+    return BeamUpdate(*stack, *(np.concatenate([getattr(p, f) for p in parts])
+                                for f in ("ended_image", "ended_row", "ended_logprob")))
+
+
 # ---- ranker -------------------------------------------------------------------------------------------------------
 
 def rank_score(logprob: float, length: int, alpha: float) -> float:
@@ -260,7 +300,7 @@ def _record_finished(update: BeamUpdate, cumulative: np.ndarray, history: np.nda
     for b, r, logprob in zip(update.ended_image.tolist(), update.ended_row.tolist(), update.ended_logprob.tolist(),
                              strict=True):
         finished.add(b, history[b * beam + r], logprob, step=position, row=b * beam + r)
-    best = update.cumulative[:, 0]
+    best = update.cumulative.max(axis=1)  # beam 0, but for diverse groups, whose beams rank by penalised scores
     alive = np.isfinite(best)
     all_alive = bool(alive.all())
     if not all_alive:
@@ -284,21 +324,24 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
     words are added), or when it has no live beam left; the search stops when every image has, or after ``max_length``
     words, where every live beam ends (:func:`force_end`). If filters leave an image no candidate at all before it
     has a hypothesis, its best beam ends where it stands, with no eos term. Only the session's first
-    ``options.k`` candidates are read, so results do not depend on how many a graph returns.
+    ``options.k`` candidates are read, so results do not depend on how many a graph returns. With
+    ``options.groups`` > 1 each image's beams split into groups that search as images of their own, coupled by
+    :func:`update_groups`, and the image returns the best of every group's hypotheses.
     """
-    beam, alpha, k = options.beam_size, options.length_penalty, options.k
+    groups, alpha, k = options.groups, options.length_penalty, options.k
+    beam, images = options.beam_size // groups, batch_size * groups  # diverse groups search as images of their own
     endings, banned = frozenset(bad_ending_ids), frozenset(banned_ids)
-    finished = _Finished(batch_size, max(1, math.ceil(options.patience * beam)), alpha)  # patience: how many end
-    done = np.zeros(batch_size, dtype=bool)
-    first_rows = np.arange(0, batch_size * beam, beam, dtype=np.int64)[:, None]  # (B, 1): row of each image's beam 0
+    finished = _Finished(images, max(1, math.ceil(options.patience * beam)), alpha)  # patience: how many end
+    done = np.zeros(images, dtype=bool)
+    first_rows = np.arange(0, images * beam, beam, dtype=np.int64)[:, None]  # (B, 1): row of each image's beam 0
     length_bound = options.max_length ** alpha
-    rows = batch_size * beam
-    cumulative = np.full((batch_size, beam), NEG_INF)  # (B, beam): log-prob of each live beam
+    rows = images * beam
+    cumulative = np.full((images, beam), NEG_INF)  # (B, beam): log-prob of each live beam
     cumulative[:, 0] = 0.0
     history = np.zeros((rows, 0), dtype=np.int64)  # (N, position) word ids of each session row
     tokens = np.full(rows, BOS, dtype=np.int64)
     reorder = np.arange(rows, dtype=np.int64)
-    session.tile(beam)
+    session.tile(options.beam_size)
     attentions: list[np.ndarray] = []  # per step (N, L), copied: the session may reuse its buffers
     reorders: list[np.ndarray] = []  # per step (N,): the back-pointers
     for position in range(options.max_length + 1):
@@ -315,7 +358,8 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
                                        banned_endings=endings, banned_words=banned)
         else:
             scores, ids = force_end(logprobs, ids)
-        update = update_beams(cumulative, scores, ids, beam)
+        update = (update_beams(cumulative, scores, ids, beam) if groups == 1
+                  else update_groups(cumulative, scores, ids, beam, groups, options.diversity))
         some_done = _record_finished(update, cumulative, history, finished, done, position=position,
                                      length_bound=length_bound)
         if position == options.max_length or some_done and done.all():
@@ -324,4 +368,8 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
         history = np.concatenate([history[reorder], update.words.reshape(-1, 1)], axis=1)
         cumulative = np.where(done[:, None], NEG_INF, update.cumulative) if some_done else update.cumulative
         tokens = np.where(np.isfinite(cumulative), update.words, PAD).reshape(-1).astype(np.int64, copy=False)
-    return [kept[:beam] for kept in finished.hypotheses(attentions, reorders)]
+    found = finished.hypotheses(attentions, reorders)
+    if groups == 1:
+        return [kept[:beam] for kept in found]
+    return [sorted((h for kept in found[b * groups:(b + 1) * groups] for h in kept[:beam]), key=lambda h: -h.score)
+            for b in range(batch_size)]

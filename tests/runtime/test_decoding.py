@@ -118,3 +118,34 @@ def test_search_items_parse_into_options_and_bad_ones_name_themselves():
             SearchOptions().overridden([item])
     with pytest.raises(ValueError, match="top_p"):
         SearchOptions().overridden(["top_p=1.5"])
+
+
+def test_diverse_groups_without_a_penalty_each_find_the_greedy_caption():
+    model = prefix_model(30, seed=8, eos_bias=1.0)
+    [[greedy]] = run(model, replace(NO_ENDINGS, beam_size=1))
+    [found] = run(model, replace(NO_ENDINGS, beam_size=3, groups=3, diversity=0.0, n_best=3))
+    assert [h.tokens for h in found] == [greedy.tokens] * 3
+
+
+def test_diverse_groups_start_on_distinct_words_ranked_by_the_model():
+    model = prefix_model(30, seed=9, eos_bias=1.0)
+    options = replace(NO_ENDINGS, beam_size=4, groups=4, diversity=100.0, n_best=4)
+    for found in run(model, options, images=(0, 1)):
+        first = [h.tokens[0] for h in found]
+        assert len(set(first)) == 4  # a huge penalty: each group takes the best word no earlier group took
+    first_step = model(0, (BOS,))
+    top = [int(w) for w in np.argsort(-first_step) if w > 3][:4]  # specials are never words
+    assert {h.tokens[0] for h in run(model, options)[0]} == set(top)
+    for hyp in run(model, options)[0]:
+        if len(hyp.tokens) < options.max_length:  # log-probs are the model's, the penalty left out
+            assert hyp.logprob == pytest.approx(path_logprob(model, 0, hyp.tokens), abs=1e-4)
+
+
+def test_diverse_groups_with_two_beams_each_return_every_groups_best():
+    model = prefix_model(30, seed=4, eos_bias=1.0)
+    plain = run(model, replace(NO_ENDINGS, beam_size=2, n_best=2))
+    [found] = run(model, replace(NO_ENDINGS, beam_size=4, groups=2, diversity=0.0, n_best=4))
+    # no penalty: both groups are the same two-beam search
+    assert [h.tokens for h in found] == [h.tokens for h in plain[0] for _ in range(2)]
+    with pytest.raises(ValueError, match="must divide beam_size"):
+        SearchOptions(beam_size=3, groups=2)
