@@ -48,7 +48,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--model", type=Path, default=None, help="run directory or checkpoint (default: shipped)")
     parser.add_argument("--split", default="dev")
     parser.add_argument("--max-images", type=int, default=0)
-    parser.add_argument("--only", default="", help="only the settings whose name contains this")
+    parser.add_argument("--only", default="", help="only the settings whose name contains one of these "
+                        "(comma-separated)")
     args = parser.parse_args(argv)
     loaded = load_model(args.model)
     records = load_dataset(args.data).split(args.split)[: args.max_images or None]
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> None:
     print("|---|" + "---|" * (len(METRICS) + 2))
     with Evaluator(spice=False) as evaluator:
         for name, options in SETTINGS.items():
-            if args.only not in name or options.learned_endings and not endings:
+            if not any(part in name for part in args.only.split(",")) or options.learned_endings and not endings:
                 continue
             hyps = search_features(loaded.model.decoder, features, loaded.vocab, options)
             captions = {r.image_id: loaded.vocab.decode(h.tokens) for r, h in zip(records, hyps, strict=True)}
