@@ -70,10 +70,11 @@ ModelPath = Annotated[Path | None, typer.Option("--model", help="Run directory, 
 RunOrExport = Annotated[Path | None, typer.Argument(help="Run directory, checkpoint or export directory "
                                                          "(default: the shipped model)")]
 ExportDir = Annotated[Path, typer.Argument(help="Export directory made by `edgecap export`")]
-ChosenBackend = Annotated[Backend | None, typer.Option(help="torch for a run or checkpoint; ort (default) or trt for "
-                                                            "an export directory, which needs no torch")]
+ChosenBackend = Annotated[Backend | None, typer.Option(help="torch for a run or checkpoint; ort (default), openvino "
+                                                            "or trt for an export directory, which needs no torch")]
 GraphPrecision = Annotated[Precision, typer.Option(help="Graph precision (export directory)")]
-OrtDevice = Annotated[Device, typer.Option(help="ONNX Runtime execution provider (ort backend)")]
+OrtDevice = Annotated[Device, typer.Option(help="ONNX Runtime provider (ort: cpu, cuda, tensorrt) or OpenVINO "
+                                                 "device (openvino: cpu, gpu, npu, auto)")]
 Beam = Annotated[int, typer.Option(help="Beam size (1 = greedy)", min=1)]
 LengthPenalty = Annotated[float, typer.Option(help="Rank finished captions by log-prob / length**ALPHA "
                                                    "(0: the raw sum, which favours short captions)", min=0.0)]
@@ -240,7 +241,7 @@ def export_model(
 @app.command()
 def parity(
     export_dir: ExportDir, data: Data, split: Annotated[str, typer.Option(help="Held-out split to compare on")] = "dev",
-    backend: Annotated[str, typer.Option(help="Candidate backend: ort or trt")] = "ort",
+    backend: Annotated[str, typer.Option(help="Candidate backend: ort, openvino or trt")] = "ort",
     precision: Annotated[Precision, typer.Option(help="Candidate graph precision")] = Precision.fp32,
     beam: Beam = 3, length_penalty: LengthPenalty = 0.0, block_trigrams: BlockTrigrams = False,
     search: SearchItems = None, max_images: MaxImages = 0,
@@ -251,8 +252,8 @@ def parity(
     """Gate an export: the same beam search on PyTorch and on the exported graphs; exit 1 when a threshold fails."""
     from edgecap.parity import check_export
 
-    if backend not in ("ort", "trt"):
-        raise EdgecapError(f"--backend {backend}: parity compares PyTorch with 'ort' or 'trt'")
+    if backend not in ("ort", "openvino", "trt"):
+        raise EdgecapError(f"--backend {backend}: parity compares PyTorch with 'ort', 'openvino' or 'trt'")
     result = check_export(export_dir, data, split, backend=backend, precision=precision.value,
                           options=_search(beam, length_penalty, block_trigrams, search), reference_path=reference,
                           max_images=max_images, json_out=json_out, markdown_out=markdown_out, say=typer.echo)
@@ -263,7 +264,8 @@ def parity(
 @app.command()
 def bench(
     export_dir: ExportDir,
-    backend: Annotated[str, typer.Option(help="Backends, comma-separated: torch,ort,trt")] = "torch,ort",
+    backend: Annotated[str, typer.Option(help="Backends, comma-separated: torch, torch-compile, ort, openvino, "
+                                              "trt")] = "torch,ort",
     precision: Annotated[str, typer.Option(help="Graph precisions, comma-separated: fp32,fp16,int8")] = "fp32",
     batch: Annotated[str, typer.Option(help="Images per caption call, comma-separated")] = "1",
     beam: Annotated[str, typer.Option(help="Beam sizes, comma-separated")] = "3",
@@ -275,10 +277,10 @@ def bench(
     plot: Annotated[Path | None, typer.Option(help="Write a PNG chart of the timings")] = None,
 ) -> None:
     """Time encoder, step and whole caption per backend/precision/batch/beam, side by side with PyTorch eager."""
-    from edgecap.benchmarking import BenchPlan, bench_export
+    from edgecap.benchmarking import BENCH_BACKENDS, BenchPlan, bench_export
 
     beams = parse_ints(beam, "--beam")
-    plan = BenchPlan(backends=parse_list(backend, BACKENDS, "--backend"),
+    plan = BenchPlan(backends=parse_list(backend, BENCH_BACKENDS, "--backend"),
                      precisions=parse_list(precision, PRECISIONS, "--precision"), batches=parse_ints(batch, "--batch"),
                      beams=beams, runs=runs, warmup=warmup, threads=threads, images=images,
                      search=_search(max(beams), 0.0, False, search))

@@ -207,7 +207,7 @@ class EvalResult:
     captions: dict[str, str]  # image_id -> generated caption
     n_images: int
     options: SearchOptions  # the decoding the captions came from
-    backend: str = "torch"  # what ran the model: torch (a checkpoint), ort or trt (an export's graphs)
+    backend: str = "torch"  # what ran the model: torch (a checkpoint), ort, openvino or trt (an export's graphs)
     precision: str = "fp32"
 
 

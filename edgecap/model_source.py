@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from edgecap.runtime.pipeline import Caption, Captioner
     from edgecap.runtime.search import SearchOptions
 
-BACKENDS = ("torch", "ort", "trt")  # torch: the PyTorch reference; ort, trt: an export's graphs
-DEVICES = ("cpu", "cuda", "tensorrt")  # ONNX Runtime execution providers
+BACKENDS = ("torch", "ort", "openvino", "trt")  # torch: the PyTorch reference; the others run an export's graphs
+DEVICES = ("cpu", "cuda", "tensorrt", "gpu", "npu", "auto")  # ONNX Runtime providers (cpu, cuda, tensorrt) and
+# OpenVINO devices (cpu, gpu, npu, auto)
 
 
 def is_export(path: Path | None) -> bool:
@@ -41,8 +42,8 @@ def backend_for(path: Path | None, backend: str | None, precision: str) -> str:
     export = is_export(path)
     backend = backend or ("ort" if export else "torch")
     if export and backend == "torch":
-        raise EdgecapError(f"{path} is an export directory: run it with --backend ort or trt, or pass the run it "
-                           "came from for torch")
+        raise EdgecapError(f"{path} is an export directory: run it with --backend ort, openvino or trt, or pass the "
+                           "run it came from for torch")
     if backend == "torch" and precision != "fp32":
         raise EdgecapError(f"--precision {precision} picks an export's graphs; export the run first "
                            "(`edgecap export RUN --out DIR --precision ...`) and pass DIR")

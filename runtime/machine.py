@@ -127,6 +127,20 @@ def memcopy_bandwidth_gb_s(*, megabytes: int = 256, repeats: int = 5) -> float:
     return 2 * source.nbytes / best / 1e9
 
 
+def gemm_peak_gflops(*, size: int = 1024, repeats: int = 5) -> float:
+    """Best-of-``repeats`` float32 GFLOP/s of one ``size`` x ``size`` matrix product in numpy's BLAS.
+
+    A large square GEMM is the most fused-multiply-add-dense work a CPU runs, so this is the practical compute peak
+    of the threads BLAS was given (the bench pins them to its thread count before numpy loads).
+    """
+    rng = np.random.default_rng(0)
+    a, b = (rng.random((size, size), dtype=np.float32) for _ in range(2))
+    out = np.empty_like(a)
+    np.matmul(a, b, out=out)  # warm the BLAS threads and caches up
+    best = min(_timed(lambda: np.matmul(a, b, out=out)) for _ in range(repeats))
+    return 2 * size**3 / best / 1e9
+
+
 def _timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()

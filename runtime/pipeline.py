@@ -22,15 +22,20 @@ from edgecap.vocab import Vocab
 
 def open_backend(directory: Path, manifest: Manifest, *, backend: str = "ort", precision: str = "fp32",
                  device: str = "cpu") -> Backend:
-    """The runtime backend named ``backend`` on an export directory: ``ort`` (ONNX Runtime on ``device``) or
-    ``trt`` (the TensorRT engines built there by ``edgecap export --trt``)."""
+    """The runtime backend named ``backend`` on an export directory: ``ort`` (ONNX Runtime on ``device``),
+    ``openvino`` (the same graphs through OpenVINO on ``device``) or ``trt`` (the TensorRT engines built there by
+    ``edgecap export --trt``)."""
     if backend == "ort":
         return OrtBackend(directory, manifest, precision=precision, device=device)
+    if backend == "openvino":
+        from edgecap.runtime.backends.openvino import OpenvinoBackend
+
+        return OpenvinoBackend(directory, manifest, precision=precision, device=device.upper())
     if backend == "trt":
         from edgecap.runtime.backends.trt import TrtBackend
 
         return TrtBackend(directory, manifest, precision=precision)
-    raise ValueError(f"backend '{backend}' is not available in the runtime; use 'ort' or 'trt'")
+    raise ValueError(f"backend '{backend}' is not available in the runtime; use 'ort', 'openvino' or 'trt'")
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,8 @@ class BenchRow:
     step_growth: float | None = None  # last 3 positions / first 3 (median ms): ~1 when the cache keeps steps flat
     encoder_speedup_vs_torch: float | None = None
     step_speedup_vs_torch: float | None = None
+    encoder_floor_ms: float | None = None  # encoder FLOPs of the batch / measured GEMM peak: a compute-bound floor
+    startup_s: float | None = None  # first row of a backend: loading to a first caption (torch-compile: compiling)
 
 
 def step_ms_by_position(steps: Sequence[np.ndarray]) -> tuple[float, ...]:
@@ -149,7 +151,8 @@ def step_growth(by_position: Sequence[float], edge: int = 3) -> float | None:
 
 def summarize(timings: CaptionTimings, *, backend: str, precision: str, options: SearchOptions, threads: int,
               warmup: int, step_weight_bytes: int | None = None, bandwidth_gb_s: float | None = None,
-              peak_rss: float | None = None) -> BenchRow:
+              peak_rss: float | None = None, encoder_flops: int | None = None,
+              peak_gflops: float | None = None) -> BenchRow:
     """A BenchRow (milliseconds) from raw timings; speedups are filled in by :func:`with_speedups`."""
     ms = 1e3
     caption = timings.caption * ms
@@ -159,6 +162,9 @@ def summarize(timings: CaptionTimings, *, backend: str, precision: str, options:
     floor = None
     if step_weight_bytes is not None and bandwidth_gb_s:
         floor = step_weight_bytes / (bandwidth_gb_s * 1e9) * ms
+    encoder_floor = None
+    if encoder_flops and peak_gflops:
+        encoder_floor = encoder_flops * timings.batch / (peak_gflops * 1e9) * ms
     return BenchRow(
         backend=backend, precision=precision, batch=timings.batch, beam=options.beam_size,
         encoder_ms_p50=float(np.median(timings.encoder) * ms),
@@ -172,7 +178,7 @@ def summarize(timings: CaptionTimings, *, backend: str, precision: str, options:
         encoder_ms_mean=float(timings.encoder.mean() * ms), steps_ms_mean=float(timings.step_totals.mean() * ms),
         search_ms_mean=float(timings.search.mean() * ms), caption_ms_mean=float(caption.mean()),
         step_weight_bytes=step_weight_bytes, step_floor_ms=floor,
-        step_ms_by_position=by_position, step_growth=step_growth(by_position))
+        step_ms_by_position=by_position, step_growth=step_growth(by_position), encoder_floor_ms=encoder_floor)
 
 
 def with_speedups(rows: Sequence[BenchRow], reference: str = "torch") -> list[BenchRow]:
