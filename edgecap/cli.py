@@ -72,7 +72,8 @@ RunOrExport = Annotated[Path | None, typer.Argument(help="Run directory, checkpo
 ExportDir = Annotated[Path, typer.Argument(help="Export directory made by `edgecap export`")]
 ChosenBackend = Annotated[Backend | None, typer.Option(help="torch for a run or checkpoint; ort (default), openvino "
                                                             "or trt for an export directory, which needs no torch")]
-GraphPrecision = Annotated[Precision, typer.Option(help="Graph precision (export directory)")]
+ExportPrecision = Annotated[Precision | None, typer.Option(
+    help="Graph precision of an export directory (default: what its --target chose, else fp32)")]
 OrtDevice = Annotated[Device, typer.Option(help="ONNX Runtime provider (ort: cpu, cuda, tensorrt) or OpenVINO "
                                                  "device (openvino: cpu, gpu, npu, auto)")]
 Beam = Annotated[int, typer.Option(help="Beam size (1 = greedy)", min=1)]
@@ -140,7 +141,7 @@ def train(
 @app.command("eval")
 def evaluate(
     data: Data, run: RunOrExport = None, split: Annotated[str, typer.Option(help="Split to score")] = "dev",
-    backend: ChosenBackend = None, precision: GraphPrecision = Precision.fp32, device: OrtDevice = Device.cpu,
+    backend: ChosenBackend = None, precision: ExportPrecision = None, device: OrtDevice = Device.cpu,
     beam: Beam = 3, length_penalty: LengthPenalty = 0.0, block_trigrams: BlockTrigrams = False,
     search: SearchItems = None, max_images: MaxImages = 0, json_out: Annotated[Path | None, typer.Option(
         "--json", help="Write the metrics and captions as JSON")] = None,
@@ -150,7 +151,7 @@ def evaluate(
     from edgecap.model_source import evaluate as run_eval
     from edgecap.report import eval_json, eval_table, write_json
 
-    source = ModelSource.choose(run, _value(backend), precision.value, device.value)
+    source = ModelSource.choose(run, _value(backend), _value(precision), device.value)
     result = run_eval(source, data, split, _search(beam, length_penalty, block_trigrams, search), max_images=max_images,
                       say=typer.echo)
     typer.echo(eval_table(result))
@@ -162,7 +163,7 @@ def evaluate(
 @app.command()
 def caption(
     images: Annotated[list[Path], typer.Argument(help="Image files, or folders of them")],
-    model: ModelPath = None, backend: ChosenBackend = None, precision: GraphPrecision = Precision.fp32,
+    model: ModelPath = None, backend: ChosenBackend = None, precision: ExportPrecision = None,
     device: OrtDevice = Device.cpu, beam: Beam = 3, length_penalty: LengthPenalty = 0.0,
     block_trigrams: BlockTrigrams = False, search: SearchItems = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object per image")] = False,
@@ -176,7 +177,7 @@ def caption(
     from edgecap.preprocess import image_files
     from edgecap.report import caption_json, caption_line
 
-    source = ModelSource.choose(model, _value(backend), precision.value, device.value)
+    source = ModelSource.fastest(model, _value(backend), _value(precision), device.value)
     options = _search(beam, length_penalty, block_trigrams, search)
     failed = 0
     for result, maps in caption_files(source, image_files(images), options, attention=attention):
@@ -195,7 +196,13 @@ def export_model(
                                                     "export directory with --trt: engines only, no torch")] = None,
     out: Annotated[Path, typer.Option(help="Export directory")] = Path("exports/default"),
     beam: Annotated[int, typer.Option(help="Largest beam the runtime will use", min=1)] = 3,
-    precision: Annotated[str, typer.Option(help="Graphs to write, comma-separated: fp32,fp16,int8")] = "fp32",
+    target: Annotated[str | None, typer.Option(help="Pick precisions, INT8 scheme and graphs for a device: cpu "
+                                                    "(builds, gates and times candidates, keeps the fastest passing), "
+                                                    "gpu or jetson (by rule, for TensorRT)")] = None,
+    target_photos: Annotated[int, typer.Option(help="--target cpu: held-out photos each INT8 candidate is gated on",
+                                               min=1)] = 200,
+    precision: Annotated[str | None, typer.Option(help="Graphs to write, comma-separated: fp32,fp16,int8 "
+                                                       "(default fp32)")] = None,
     calib_data: Annotated[str | None, typer.Option(help="INT8: dataset spec; its train split gives the ranges")]
     = None,
     calib_images: Annotated[int, typer.Option(help="INT8: photos for the ranges", min=1)] = _INT8.images,
@@ -205,12 +212,12 @@ def export_model(
     calib_method: Annotated[CalibMethod, typer.Option(help="INT8: range selection")] = CalibMethod.max,
     calib_max_delta: Annotated[float, typer.Option(help="INT8: |ΔCIDEr| allowed before layers are kept fp32")]
     = _INT8.max_delta,
-    int8_scheme: Annotated[Int8Scheme, typer.Option(help="INT8: tensorrt (symmetric, what TensorRT builds) or "
-                                                         "ort-cpu (uint8 activations, fast on x86 CPUs)")]
-    = Int8Scheme.tensorrt,
-    int8_graphs: Annotated[str, typer.Option(help="INT8: graphs to quantise, comma-separated: encoder,step; one left "
-                                                  "out runs fp16 (fp32 if not exported) in the int8 set")]
-    = ",".join(GRAPHS),
+    int8_scheme: Annotated[Int8Scheme | None, typer.Option(help="INT8: tensorrt (symmetric, what TensorRT builds; the "
+                                                                "default) or ort-cpu (uint8 activations, fast on x86 "
+                                                                "CPUs)")] = None,
+    int8_graphs: Annotated[str | None, typer.Option(help="INT8: graphs to quantise, comma-separated: encoder,step (the "
+                                                         "default); one left out runs fp16 (fp32 if not exported) in "
+                                                         "the int8 set")] = None,
     calib_bias_correction: Annotated[bool, typer.Option(
         "--calib-bias-correction", help="INT8: take each layer's mean INT8 error out of its bias (slower export)")]
     = False,
@@ -222,18 +229,31 @@ def export_model(
 ) -> None:
     """Export the encoder and single-step decoder to ONNX, validated against PyTorch; --trt builds engines."""
     from edgecap.export.pipeline import ExportOptions, add_engines, export_run
+    from edgecap.export.target import rule_options
     from edgecap.model_source import is_export
     from edgecap.report import export_lines
 
-    precisions = parse_list(precision, PRECISIONS, "--precision")
+    chosen = {"--precision": precision, "--int8-scheme": int8_scheme, "--int8-graphs": int8_graphs,
+              "--calib-bias-correction": calib_bias_correction or None}
+    if target is not None and any(v is not None for v in chosen.values()):
+        named = ", ".join(flag for flag, value in chosen.items() if value is not None)
+        raise EdgecapError(f"--target {target} chooses the precisions, INT8 scheme and graphs itself: drop {named}, "
+                           "or drop --target to choose them yourself")
+    precisions = parse_list(precision or ("fp32,int8" if target == "cpu" else "fp32"), PRECISIONS, "--precision")
     int8 = Int8Options(calib_data, calib_images, calib_heldout, calib_heldout_split.value, calib_method.value,
-                       calib_max_delta, int8_scheme.value, parse_list(int8_graphs, GRAPHS, "--int8-graphs"),
-                       calib_bias_correction, beam=beam) if calib_data and "int8" in precisions else None
+                       calib_max_delta, _value(int8_scheme) or "tensorrt",
+                       parse_list(int8_graphs or ",".join(GRAPHS), GRAPHS, "--int8-graphs"), calib_bias_correction,
+                       beam=beam) if calib_data and "int8" in precisions else None
+    if target in ("gpu", "jetson"):
+        precisions, int8 = rule_options(Int8Options(calib_data, calib_images, calib_heldout,
+                                                    calib_heldout_split.value, calib_method.value, calib_max_delta,
+                                                    beam=beam) if calib_data else None)
     engines = EngineOptions(max_batch=max_batch, opt_batch=opt_batch, beam=beam) if trt else None
     if trt and is_export(run):  # graphs made elsewhere, e.g. on an x86 host for a Jetson
         add_engines(run, precisions, engines, say=typer.echo)
         return
-    manifest = export_run(run, out, ExportOptions(precisions, beam, int8, engines), say=typer.echo)
+    options = ExportOptions(precisions, beam, int8, engines, target=target, target_photos=target_photos)
+    manifest = export_run(run, out, options, say=typer.echo)
     for line in export_lines(manifest, out):
         typer.echo(line)
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from edgecap.errors import EdgecapError
 
 DEFAULT_MODEL = Path(__file__).resolve().parent / "assets" / "default" / "model.pt"
+DEFAULT_EXPORT = DEFAULT_MODEL.parent / "export"  # the same model exported for --target cpu: what `edgecap caption`
+# runs, with no torch
 SHIPPED = "shipped"  # encoder.weights naming the shipped default model's (fine-tuned) encoder
 
 

@@ -4,6 +4,7 @@ start here, so they take the same paths and refuse the same mistakes."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,22 @@ DEVICES = ("cpu", "cuda", "tensorrt", "gpu", "npu", "auto")  # ONNX Runtime prov
 # OpenVINO devices (cpu, gpu, npu, auto)
 
 
+def _has_onnxruntime() -> bool:
+    try:
+        return importlib.util.find_spec("onnxruntime") is not None
+    except ImportError:  # a finder that refuses the name outright
+        return False
+
+
+def target_precision(path: Path | None) -> str:
+    """The precision ``export --target`` chose for the export at ``path``; fp32 for any other model."""
+    if not is_export(path):
+        return "fp32"
+    from edgecap.runtime.manifest import Manifest
+
+    return Manifest.read(Path(path)).target.get("precision", "fp32")
+
+
 def is_export(path: Path | None) -> bool:
     from edgecap.runtime.manifest import MANIFEST_NAME
 
@@ -29,9 +46,12 @@ def is_export(path: Path | None) -> bool:
 
 def describe(path: Path | None) -> str:
     """How a report names the model: the path, or the shipped default's file."""
+    from edgecap.config import DEFAULT_EXPORT, DEFAULT_MODEL
+
+    if path is not None and Path(path) == DEFAULT_EXPORT:
+        return f"the shipped default's export ({DEFAULT_EXPORT})"
     if path is not None:
         return str(path)
-    from edgecap.config import DEFAULT_MODEL
 
     return f"the shipped default ({DEFAULT_MODEL})"
 
@@ -73,8 +93,22 @@ class ModelSource:
     device: str = "cpu"
 
     @classmethod
-    def choose(cls, path: Path | None, backend: str | None, precision: str, device: str = "cpu") -> ModelSource:
+    def choose(cls, path: Path | None, backend: str | None, precision: str | None,
+               device: str = "cpu") -> ModelSource:
+        """``precision`` None: what ``export --target`` chose for an export that records one, else fp32."""
+        precision = precision or target_precision(path)
         return cls(path, backend_for(path, backend, precision), precision, device)
+
+    @classmethod
+    def fastest(cls, path: Path | None, backend: str | None, precision: str | None,
+                device: str = "cpu") -> ModelSource:
+        """As :meth:`choose`, except that no model means the shipped export on ONNX Runtime, at the precision its
+        ``--target cpu`` chose (unless ``--backend torch`` asks for PyTorch, or onnxruntime is not installed)."""
+        from edgecap.config import DEFAULT_EXPORT
+
+        if path is None and backend in (None, "ort", "openvino") and is_export(DEFAULT_EXPORT) and _has_onnxruntime():
+            return cls.choose(DEFAULT_EXPORT, backend or "ort", precision, device)
+        return cls.choose(path, backend, precision, device)
 
     def load(self, options: SearchOptions):
         """The PyTorch model (a LoadedModel) or the export's Captioner, checked against ``options``."""

@@ -219,6 +219,8 @@ def caption_line(caption: Caption, attention: Path | None = None) -> str:
 def export_lines(manifest: Manifest, directory: Path) -> list[str]:
     """What ``edgecap export`` wrote: the INT8 summary when there is one, then the precisions and the manifest."""
     lines = int8_summary(manifest.quantization, directory) if manifest.quantization else []
+    if manifest.target:
+        lines.append(f"target {manifest.target['name']}: {manifest.target['precision']}, {manifest.target['reason']}")
     return [*lines, f"exported {manifest.model_id} to {directory} ({', '.join(manifest.graphs)}); manifest "
                     f"{directory / 'edgecap.json'}"]
 

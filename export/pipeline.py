@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgecap.calib.options import Int8Options
@@ -27,8 +27,14 @@ class ExportOptions:
     beam: int = 3  # largest beam the runtime will use: the step returns 2 * beam candidates
     int8: Int8Options | None = None  # how to calibrate, when "int8" is among the precisions
     engines: EngineOptions | None = None  # also build TensorRT engines of the precisions (NVIDIA GPU)
+    target: str | None = None  # cpu: build, gate and time the CPU candidates, keep the fastest passing (target.py)
+    target_photos: int = 200  # cpu: held-out photos each INT8 candidate's parity gate is graded on
 
     def __post_init__(self):
+        if self.target is not None:  # first: a target's own requirements explain the others
+            from edgecap.export.target import require_target_inputs
+
+            require_target_inputs(self.target, self.int8)
         unknown = [p for p in self.precisions if p not in PRECISIONS]
         if unknown or not self.precisions:
             raise EdgecapError(f"precision {', '.join(unknown) or '(none)'}: expected some of {', '.join(PRECISIONS)}")
@@ -77,12 +83,21 @@ def _write_stages(loaded, directory: Path, options: ExportOptions, calibration, 
     if "fp16" in options.precisions:
         say("export: mixed-precision fp16 graphs")
         manifest = add_fp16(directory, manifest)
-    if calibration is not None:
+    if options.target == "cpu":
+        from edgecap.export.target import choose_for_cpu
+
+        manifest = choose_for_cpu(directory, manifest, calibration, options.int8, photos=options.target_photos,
+                                  say=say)
+    elif calibration is not None:
         from edgecap.calib.build import add_int8
 
         manifest = add_int8(directory, manifest, calibration, options.int8, say=say)
     if options.engines:
         manifest = build_engines(directory, manifest, options.precisions, options.engines, say=say)
+    if options.target in ("gpu", "jetson"):
+        from edgecap.export.target import rule_record
+
+        manifest = replace(manifest, target=rule_record(options.target, options.precisions)).write(directory)
     return manifest
 
 

@@ -83,9 +83,10 @@ def jetpack() -> str | None:
 
 
 def library_versions() -> dict[str, str]:
-    """numpy, onnxruntime and (only when this process already imported it) torch: never imports torch."""
+    """numpy, the runtime libraries installed and (only when this process already imported it) torch: never imports
+    torch."""
     versions = {"python": platform.python_version(), "numpy": np.__version__}
-    for dist in ("edgecap", "onnxruntime", "onnxruntime-gpu", "onnx", "tensorrt", "cuda-python"):
+    for dist in ("edgecap", "onnxruntime", "onnxruntime-gpu", "onnx", "openvino", "tensorrt", "cuda-python"):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

@@ -118,6 +118,7 @@ class Manifest:
     # decoding: what `edgecap eval` of the export on a device should come close to
     engines: dict = field(default_factory=dict)  # TensorRT plans: cache key -> EngineRecord JSON (runtime/engines.py)
     files: dict[str, str] = field(default_factory=dict)  # every graph file -> its sha256, as written
+    target: dict = field(default_factory=dict)  # export --target: the device, the precision chosen, why, each trial
 
     def write(self, directory: Path, *, record_files: bool = True) -> Manifest:
         """Write ``edgecap.json`` atomically, recording the sha256 of every graph file it names (``record_files``:

@@ -85,10 +85,12 @@ class Captioner:
         self.prep = Preprocessing.from_json(manifest.preprocessing)
 
     @classmethod
-    def from_dir(cls, directory: Path | str, *, backend: str = "ort", precision: str = "fp32",
+    def from_dir(cls, directory: Path | str, *, backend: str = "ort", precision: str | None = None,
                  device: str = "cpu") -> Captioner:
+        """``precision`` None: what ``edgecap export --target`` chose for the export, else fp32."""
         directory = Path(directory)
         manifest = Manifest.read(directory)
+        precision = precision or manifest.target.get("precision", "fp32")
         return cls(open_backend(directory, manifest, backend=backend, precision=precision, device=device), manifest,
                    directory)
 

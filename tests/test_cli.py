@@ -222,7 +222,7 @@ def test_captioning_needs_no_scoring_package():
     photo = str(SAMPLES / "coffee.jpg")
     output = run_without("pycocoevalcap", f"""
         from edgecap.cli import main
-        sys.argv = ["edgecap", "caption", {photo!r}, "--beam", "1"]
+        sys.argv = ["edgecap", "caption", {photo!r}, "--beam", "1", "--backend", "torch"]
         try:
             main()
         except SystemExit as done:
@@ -232,8 +232,11 @@ def test_captioning_needs_no_scoring_package():
 
 
 def test_a_command_that_needs_torch_names_the_extra_where_torch_is_missing():
-    """A runtime-only install has no torch: the shipped checkpoint cannot run, and the error says what can."""
+    """A runtime-only install has no torch: the shipped checkpoint cannot run, and the error says what can; with no
+    model named it captions through the shipped export."""
     output = run_cli_without("torch", ["caption", str(SAMPLES / "camera.jpg")])
+    assert output.startswith(f"{SAMPLES / 'camera.jpg'}: ") and output.strip().endswith("exit 0"), output
+    output = run_cli_without("torch", ["caption", str(SAMPLES / "camera.jpg"), "--backend", "torch"])
     message, status = output.strip().splitlines()
     assert status == "exit 2" and message.startswith("error: this command needs torch")
     assert "pip install 'edgecap[train]'" in message and "--model DIR" in message
@@ -262,9 +265,11 @@ def test_search_options_give_alternatives_samples_and_one_line_errors():
         assert code == 2 and output.startswith("error: ") and named in output and "\n" not in output.strip(), output
 
 
-def test_caption_refuses_a_precision_only_an_export_has():
-    code, output = invoke("caption", str(SAMPLES / "camera.jpg"), "--precision", "fp16")
+def test_caption_refuses_a_precision_its_model_lacks():
+    code, output = invoke("caption", str(SAMPLES / "camera.jpg"), "--backend", "torch", "--precision", "fp16")
     assert code == 2 and "--precision fp16 picks an export's graphs" in output, output
+    code, output = invoke("caption", str(SAMPLES / "camera.jpg"), "--precision", "fp16")  # the shipped export
+    assert code == 2 and "no fp16 graphs (exported: fp32, int8)" in output, output
 
 
 @pytest.mark.parametrize(("args", "named"), [(["eval", "--data", "flickr8k:/nowhere"], "/nowhere"),

@@ -24,6 +24,7 @@ def test_an_export_lists_every_backend_and_precision_with_its_reason(tiny_export
     rows = {row["subject"]: row for row in report["runnable"]}
     assert rows["ort fp32 (cpu)"]["ok"] and rows["ort fp16 (cpu)"]["ok"] and rows["torch fp32"]["ok"]
     assert {"trt fp32", "trt fp16"} <= rows.keys()
+    assert rows.keys() & {"openvino", "openvino fp32 (CPU)"}  # a row per precision, or one saying it is not installed
     if not rows["trt fp32"]["ok"]:
         assert "TensorRT" in rows["trt fp32"]["detail"]  # the one-line reason, as the trt backend gives it
     assert {f["subject"] for f in report["files"]} == {"encoder.onnx", "step.onnx", "encoder.fp16.onnx",
@@ -45,3 +46,13 @@ def test_doctor_runs_without_torch_and_says_what_that_costs(tiny_export):
     output = run_cli_without("torch", ["doctor", str(tiny_export / "exp")])
     assert "no  torch fp32: torch is not installed" in output and "ok  ort fp32 (cpu)" in output
     assert output.strip().splitlines()[-1] in ("healthy", "exit 0")
+
+
+@pytest.mark.slow
+def test_an_export_without_its_calibration_feeds_is_healthy(int8_export, tmp_path):
+    """The shipped export leaves its calibration feeds out: they only serve re-quantising, not captioning."""
+    shipped = tmp_path / "shipped"
+    shutil.copytree(int8_export, shipped, ignore=shutil.ignore_patterns("calib"))
+    code, output = invoke("doctor", str(shipped))
+    assert code == 0 and output.strip().splitlines()[-1] == "healthy", output
+    assert "not here: only re-quantising reads it" in output
