@@ -313,6 +313,77 @@ def _record_finished(update: BeamUpdate, cumulative: np.ndarray, history: np.nda
     return not all_alive or (finished.full > 0 and bool(done.any()))
 
 
+class BeamSearch:
+    """One beam search over ``batch_size`` images, advanced one step at a time by whoever runs the step graph.
+
+    :func:`beam_search` drives it over a session of its own; an in-flight scheduler drives many at once, each over
+    its own rows of one shared step batch, and gets the same captions. ``tokens``, ``reorder`` and ``position``
+    are what the next step call takes for this search's ``rows`` rows (``reorder`` indexes them, from 0); ``done``
+    is set once the search needs no more steps.
+    """
+
+    def __init__(self, batch_size: int, options: SearchOptions, *, bad_ending_ids: frozenset[int] = frozenset(),
+                 banned_ids: frozenset[int] = frozenset()):
+        self.batch_size, self.options = batch_size, options
+        self.groups, self.k = options.groups, options.k
+        self.beam = options.beam_size // self.groups  # diverse groups search as images of their own
+        images = batch_size * self.groups
+        self.endings, self.banned = frozenset(bad_ending_ids), frozenset(banned_ids)
+        self.finished = _Finished(images, max(1, math.ceil(options.patience * self.beam)), options.length_penalty)
+        self.image_done = np.zeros(images, dtype=bool)
+        self.first_rows = np.arange(0, images * self.beam, self.beam, dtype=np.int64)[:, None]  # each image's beam 0
+        self.length_bound = options.max_length ** options.length_penalty
+        self.rows = images * self.beam
+        self.cumulative = np.full((images, self.beam), NEG_INF)  # (B, beam): log-prob of each live beam
+        self.cumulative[:, 0] = 0.0
+        self.history = np.zeros((self.rows, 0), dtype=np.int64)  # (N, position) word ids of each session row
+        self.tokens = np.full(self.rows, BOS, dtype=np.int64)
+        self.reorder = np.arange(self.rows, dtype=np.int64)
+        self.position = 0
+        self.done = False
+        self.attentions: list[np.ndarray] = []  # per step (N, L), copied: the session may reuse its buffers
+        self.reorders: list[np.ndarray] = []  # per step (N,): the back-pointers
+
+    def advance(self, logprobs: np.ndarray, ids: np.ndarray, attention: np.ndarray) -> None:
+        """Take the step's outputs for this search's rows and prepare the next step (or set ``done``)."""
+        options, position = self.options, self.position
+        if not len(logprobs) == len(ids) == len(attention) == len(self.tokens):
+            raise ValueError(f"the step session returned {len(logprobs)}, {len(ids)} and {len(attention)} rows of "
+                             f"log-probs, ids and attention for {len(self.tokens)} tokens at position {position}")
+        self.attentions.append(np.array(attention, dtype=np.float32))
+        self.reorders.append(self.reorder)
+        if ids.shape[1] != self.k:  # a graph exported for a larger beam returns more candidates than this one reads
+            logprobs, ids = logprobs[:, :self.k], ids[:, :self.k]
+        if position < options.max_length:
+            scores = filter_candidates(logprobs, ids, history=self.history, position=position, options=options,
+                                       banned_endings=self.endings, banned_words=self.banned)
+        else:
+            scores, ids = force_end(logprobs, ids)
+        update = (update_beams(self.cumulative, scores, ids, self.beam) if self.groups == 1
+                  else update_groups(self.cumulative, scores, ids, self.beam, self.groups, options.diversity))
+        some_done = _record_finished(update, self.cumulative, self.history, self.finished, self.image_done,
+                                     position=position, length_bound=self.length_bound)
+        if position == options.max_length or some_done and self.image_done.all():
+            self.done = True
+            return
+        self.reorder = (self.first_rows + update.parent).reshape(-1)
+        self.history = np.concatenate([self.history[self.reorder], update.words.reshape(-1, 1)], axis=1)
+        self.cumulative = (np.where(self.image_done[:, None], NEG_INF, update.cumulative) if some_done
+                           else update.cumulative)
+        self.tokens = np.where(np.isfinite(self.cumulative), update.words, PAD).reshape(-1).astype(np.int64,
+                                                                                                   copy=False)
+        self.position = position + 1
+
+    def result(self) -> list[list[Hypothesis]]:
+        """Up to ``beam_size`` finished hypotheses per image, best first."""
+        found = self.finished.hypotheses(self.attentions, self.reorders)
+        groups, beam = self.groups, self.beam
+        if groups == 1:
+            return [kept[:beam] for kept in found]
+        return [sorted((h for kept in found[b * groups:(b + 1) * groups] for h in kept[:beam]), key=lambda h: -h.score)
+                for b in range(self.batch_size)]
+
+
 def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *,
                 bad_ending_ids: frozenset[int] = frozenset(),
                 banned_ids: frozenset[int] = frozenset()) -> list[list[Hypothesis]]:
@@ -328,48 +399,8 @@ def beam_search(session: StepSession, batch_size: int, options: SearchOptions, *
     ``options.groups`` > 1 each image's beams split into groups that search as images of their own, coupled by
     :func:`update_groups`, and the image returns the best of every group's hypotheses.
     """
-    groups, alpha, k = options.groups, options.length_penalty, options.k
-    beam, images = options.beam_size // groups, batch_size * groups  # diverse groups search as images of their own
-    endings, banned = frozenset(bad_ending_ids), frozenset(banned_ids)
-    finished = _Finished(images, max(1, math.ceil(options.patience * beam)), alpha)  # patience: how many end
-    done = np.zeros(images, dtype=bool)
-    first_rows = np.arange(0, images * beam, beam, dtype=np.int64)[:, None]  # (B, 1): row of each image's beam 0
-    length_bound = options.max_length ** alpha
-    rows = images * beam
-    cumulative = np.full((images, beam), NEG_INF)  # (B, beam): log-prob of each live beam
-    cumulative[:, 0] = 0.0
-    history = np.zeros((rows, 0), dtype=np.int64)  # (N, position) word ids of each session row
-    tokens = np.full(rows, BOS, dtype=np.int64)
-    reorder = np.arange(rows, dtype=np.int64)
+    search = BeamSearch(batch_size, options, bad_ending_ids=bad_ending_ids, banned_ids=banned_ids)
     session.tile(options.beam_size)
-    attentions: list[np.ndarray] = []  # per step (N, L), copied: the session may reuse its buffers
-    reorders: list[np.ndarray] = []  # per step (N,): the back-pointers
-    for position in range(options.max_length + 1):
-        logprobs, ids, attention = session.step(tokens, reorder, position)
-        if not len(logprobs) == len(ids) == len(attention) == len(tokens):
-            raise ValueError(f"the step session returned {len(logprobs)}, {len(ids)} and {len(attention)} rows of "
-                             f"log-probs, ids and attention for {len(tokens)} tokens at position {position}")
-        attentions.append(np.array(attention, dtype=np.float32))
-        reorders.append(reorder)
-        if ids.shape[1] != k:  # a graph exported for a larger beam returns more candidates than this one reads
-            logprobs, ids = logprobs[:, :k], ids[:, :k]
-        if position < options.max_length:
-            scores = filter_candidates(logprobs, ids, history=history, position=position, options=options,
-                                       banned_endings=endings, banned_words=banned)
-        else:
-            scores, ids = force_end(logprobs, ids)
-        update = (update_beams(cumulative, scores, ids, beam) if groups == 1
-                  else update_groups(cumulative, scores, ids, beam, groups, options.diversity))
-        some_done = _record_finished(update, cumulative, history, finished, done, position=position,
-                                     length_bound=length_bound)
-        if position == options.max_length or some_done and done.all():
-            break
-        reorder = (first_rows + update.parent).reshape(-1)
-        history = np.concatenate([history[reorder], update.words.reshape(-1, 1)], axis=1)
-        cumulative = np.where(done[:, None], NEG_INF, update.cumulative) if some_done else update.cumulative
-        tokens = np.where(np.isfinite(cumulative), update.words, PAD).reshape(-1).astype(np.int64, copy=False)
-    found = finished.hypotheses(attentions, reorders)
-    if groups == 1:
-        return [kept[:beam] for kept in found]
-    return [sorted((h for kept in found[b * groups:(b + 1) * groups] for h in kept[:beam]), key=lambda h: -h.score)
-            for b in range(batch_size)]
+    while not search.done:
+        search.advance(*session.step(search.tokens, search.reorder, search.position))
+    return search.result()
