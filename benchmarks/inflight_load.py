@@ -66,9 +66,10 @@ def poisson(scheduler, photos, options, rate: float, seconds: float) -> tuple[li
     i = 0
     while time.perf_counter() < stop:
         photo = i % len(photos)
+        start = time.perf_counter()
         try:
             future = scheduler.submit(photos[photo], options)
-            sent.append((photo, time.perf_counter(), future))
+            sent.append((photo, start, future))
             future.add_done_callback(lambda f: done_at.setdefault(id(f), time.perf_counter()))
         except Busy:
             busy += 1
