@@ -199,8 +199,8 @@ def export_model(
     target: Annotated[str | None, typer.Option(help="Pick precisions, INT8 scheme and graphs for a device: cpu "
                                                     "(builds, gates and times candidates, keeps the fastest passing), "
                                                     "gpu or jetson (by rule, for TensorRT)")] = None,
-    target_photos: Annotated[int, typer.Option(help="--target cpu: held-out photos each INT8 candidate is gated on",
-                                               min=1)] = 200,
+    target_photos: Annotated[int, typer.Option(help="--target cpu: held-out photos each INT8 candidate is gated on "
+                                                    "(0: every one calibration did not choose)", min=0)] = 0,
     precision: Annotated[str | None, typer.Option(help="Graphs to write, comma-separated: fp32,fp16,int8 "
                                                        "(default fp32)")] = None,
     calib_data: Annotated[str | None, typer.Option(help="INT8: dataset spec; its train split gives the ranges")]

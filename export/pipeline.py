@@ -28,7 +28,7 @@ class ExportOptions:
     int8: Int8Options | None = None  # how to calibrate, when "int8" is among the precisions
     engines: EngineOptions | None = None  # also build TensorRT engines of the precisions (NVIDIA GPU)
     target: str | None = None  # cpu: build, gate and time the CPU candidates, keep the fastest passing (target.py)
-    target_photos: int = 200  # cpu: held-out photos each INT8 candidate's parity gate is graded on
+    target_photos: int = 0  # cpu: held-out photos each INT8 candidate's parity gate is graded on (0: all of them)
 
     def __post_init__(self):
         if self.target is not None:  # first: a target's own requirements explain the others

@@ -119,12 +119,13 @@ def _copy_fp32(source: Path, target: Path) -> None:
 
 
 def _parity(directory: Path, manifest: Manifest, calibration, int8: Int8Options, photos: int, evaluator):
-    """The INT8 gate on ``photos`` photos of the held-out split that did not choose the candidate's fp32 layers."""
+    """The INT8 gate on ``photos`` photos (0: all) of the held-out split that did not choose the candidate's fp32
+    layers: fewer photos widen the interval the gate judges, so a candidate may be inconclusive where it would pass."""
     from edgecap.parity import run_parity
     from edgecap.runtime.search import SearchOptions
 
     chose = manifest.int8_heldout_ids(calibration.name)
-    records = [r for r in calibration.split(int8.heldout_split) if r.image_id not in chose][:photos]
+    records = [r for r in calibration.split(int8.heldout_split) if r.image_id not in chose][: photos or None]
     return run_parity(directory, records, split=int8.heldout_split, precision="int8",
                       options=SearchOptions(beam_size=int8.beam), evaluator=evaluator, data_name=calibration.name)
 
