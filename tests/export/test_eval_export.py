@@ -43,7 +43,7 @@ def test_fp16_graphs_are_scored_from_the_same_directory(tiny_export, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("source, extra, message", [
-    ("exp", ("--backend", "torch"), "is an export directory: run it with --backend ort or trt"),
+    ("exp", ("--backend", "torch"), "is an export directory: run it with --backend ort, openvino or trt"),
     ("run", ("--precision", "int8"), "--precision int8 picks an export's graphs"),
     ("exp", ("--beam", "5"), "beam 5 needs 10 candidates per step but the step graph returns 6"),
 ])
