@@ -146,6 +146,7 @@ class _Scheduler:
         self.waiting: queue.Queue[_Request] = queue.Queue(maxsize=options.queue)
         self.closing = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"edgecap-{type(self).__name__}", daemon=True)
+        self.threads = [self.thread]  # every thread of its own, joined by close
 
     def submit(self, pixels: np.ndarray, options: SearchOptions) -> Future:
         """Caption one preprocessed photo (3, H, W) with ``options``; a Future of its Answer."""
@@ -171,16 +172,19 @@ class _Scheduler:
         return self.submit(pixels, options).result()
 
     def close(self) -> None:
-        """Refuse new requests, answer every one in flight or waiting, then stop the thread."""
+        """Refuse new requests, answer every one in flight or waiting, then stop the threads."""
         self.closing.set()
-        self.thread.join()
+        for thread in self.threads:
+            thread.join()
 
     def _loop(self) -> None:
         raise NotImplementedError
 
 
 class InflightScheduler(_Scheduler):
-    """Captions photos submitted from any thread; one thread of its own runs every encoder and step call.
+    """Captions photos submitted from any thread. Two threads of its own: one encodes waiting photos in batches, the
+    other runs every step call, so on a CPU the encoder of the next photos runs on one core while the captions in
+    flight step on another (ONNX Runtime releases the GIL while it runs).
 
     ``submit`` returns at once with a Future of an :class:`Answer`, or raises :class:`Busy` when ``queue`` requests
     already wait. ``close`` finishes what is in flight and queued, then stops; a closed scheduler refuses requests.
@@ -196,67 +200,91 @@ class InflightScheduler(_Scheduler):
         self.positional = "max_positions" in captioner.manifest.model_config  # the KV cache reads `step`
         self.cohorts: list[_Cohort] = []
         self.rows_in_flight = 0
+        self.ready: queue.Queue[_Request] = queue.Queue(maxsize=options.max_batch)  # encoded, waiting to join
+        self.held: _Request | None = None  # encoded, but its rows did not fit yet: it joins first
+        self.encoded_all = threading.Event()  # set once closing and every accepted photo is encoded
+        self.encoder = threading.Thread(target=self._encode_loop, name="edgecap-inflight-encoder", daemon=True)
+        self.threads.insert(0, self.encoder)
+        self.encoder.start()
         self.thread.start()
 
-    # ---- the loop, on the scheduler's thread ---------------------------------------------------------------------
+    # ---- the encoder thread --------------------------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _encode_loop(self) -> None:
         while True:
-            idle = not self.cohorts
-            joining = self._take(wait=idle)
-            if joining:
-                self._admit(joining)
-            elif idle and self.closing.is_set() and self.waiting.empty():
+            batch = self._take_waiting()
+            if batch:
+                self._encode(batch)
+            elif self.closing.is_set() and self.waiting.empty():
+                self.encoded_all.set()
                 return
-            for cohort in list(self.cohorts):
-                self._step(cohort)
 
-    def _take(self, *, wait: bool) -> list[_Request]:
-        """Waiting requests whose rows fit beside those in flight, in arrival order; an idle loop waits a little."""
-        taken, rows = [], self.rows_in_flight
-        deadline = None
+    def _take_waiting(self) -> list[_Request]:
+        """Up to ``max_batch`` waiting photos: the first within 50 ms, the others until ``max_delay_ms`` after it."""
+        try:
+            taken = [self.waiting.get(timeout=0.05)]
+        except queue.Empty:
+            return []
+        deadline = time.perf_counter() + self.options.max_delay_ms / 1e3
         while len(taken) < self.options.max_batch:
             try:
-                if wait and not taken:
-                    request = self.waiting.get(timeout=0.05)
-                    deadline = time.perf_counter() + self.options.max_delay_ms / 1e3
-                elif deadline is not None and time.perf_counter() < deadline:
-                    request = self.waiting.get(timeout=max(0.0, deadline - time.perf_counter()))
-                else:
-                    request = self.waiting.get_nowait()
+                taken.append(self.waiting.get(timeout=max(0.0, deadline - time.perf_counter())))
             except queue.Empty:
                 break
-            if rows + request.rows > self.options.max_rows and (taken or self.rows_in_flight):
-                self._requeue_first(request)
-                break
-            taken.append(request)
-            rows += request.rows
         return taken
 
-    def _requeue_first(self, request: _Request) -> None:
-        """Put back a request that does not fit yet, ahead of the others (it keeps its turn)."""
-        with self.waiting.mutex:
-            self.waiting.queue.appendleft(request)
-            self.waiting.unfinished_tasks += 1
-            self.waiting.not_empty.notify()
-
-    def _admit(self, joining: list[_Request]) -> None:
+    def _encode(self, batch: list[_Request]) -> None:
         start = time.perf_counter()
         try:
-            session = self.captioner.backend.encode(np.stack([r.pixels for r in joining]))
-        except Exception as err:  # a backend failure answers these requests, and the loop keeps serving
-            for request in joining:
+            session = self.captioner.backend.encode(np.stack([r.pixels for r in batch]))
+        except Exception as err:  # a backend failure answers these requests, and the scheduler keeps serving
+            for request in batch:
                 request.future.set_exception(err)
             return
         seconds = time.perf_counter() - start
-        for index, request in enumerate(joining):
-            request.times.queue_s = start - request.submitted
+        for index, request in enumerate(batch):
             request.times.encoder_s = seconds
             beam = request.options.beam_size
             request.memory = {n: np.repeat(v[index:index + 1], beam, axis=0) for n, v in session.memory.items()}
             request.state = {n: np.repeat(v[index:index + 1], beam, axis=0) for n, v in session.state.items()}
             endings, banned = word_rules(self.captioner.vocab, request.options)
             request.search = BeamSearch(1, request.options, bad_ending_ids=endings, banned_ids=banned)
+            self.ready.put(request)  # blocks while the step loop is max_batch photos behind: backpressure
+
+    # ---- the step loop, on the scheduler's thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            idle = not self.cohorts
+            joining = self._take_ready(wait=idle)
+            if joining:
+                self._join(joining)
+            elif idle and self.encoded_all.is_set() and self.ready.empty() and self.held is None:
+                return
+            for cohort in list(self.cohorts):
+                self._step(cohort)
+
+    def _take_ready(self, *, wait: bool) -> list[_Request]:
+        """Encoded photos whose rows fit beside those in flight, in order; an idle loop waits for the first."""
+        taken, rows = [], self.rows_in_flight
+        while True:
+            if self.held is not None:
+                request, self.held = self.held, None
+            else:
+                try:
+                    request = self.ready.get(timeout=0.05) if wait and not taken else self.ready.get_nowait()
+                except queue.Empty:
+                    return taken
+            if rows + request.rows > self.options.max_rows and (taken or self.rows_in_flight):
+                self.held = request
+                return taken
+            taken.append(request)
+            rows += request.rows
+
+    def _join(self, joining: list[_Request]) -> None:
+        now = time.perf_counter()
+        for request in joining:
+            request.times.queue_s = now - request.submitted - request.times.encoder_s
             self.rows_in_flight += request.rows
         if self.positional or not self.cohorts:
             cohort = _Cohort()
