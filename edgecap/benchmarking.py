@@ -118,33 +118,7 @@ def run_bench(export_dir: Path, plan: BenchPlan) -> BenchReport:
     if not export_dir.is_dir():
         raise ModelError(f"{export_dir}: no such directory; pass an export directory made by `edgecap export`")
     manifest = Manifest.read(export_dir)
-    notes: list[str] = []
-    pairs = []
-    for backend in plan.backends:
-        missing = _missing_peer(backend)
-        if missing:
-            notes.append(f"{backend}: skipped ({missing})")
-            continue
-        for precision in plan.precisions:
-            if backend in TORCH_BACKENDS and precision not in TORCH_PRECISIONS:
-                notes.append(f"{backend} {precision}: skipped (the PyTorch checkpoint runs fp32 only)")
-            elif backend in GRAPH_BACKENDS and precision not in manifest.graphs:
-                notes.append(f"{backend} {precision}: skipped (not exported here: {', '.join(manifest.graphs)}; "
-                             f"`edgecap export --precision {precision}` adds it)")
-            else:
-                pairs.append((backend, precision))
-    searches = {}
-    for beam in plan.beams:
-        try:
-            options = replace(plan.search, beam_size=beam)
-        except ValueError as err:
-            notes.append(f"beam {beam}: skipped ({err})")
-            continue
-        if options.k > manifest.topk:
-            notes.append(f"beam {beam}: skipped (the step graph returns {manifest.topk} candidates, it needs "
-                         f"{options.k}; re-export with --beam {beam})")
-        else:
-            searches[beam] = options
+    pairs, searches, notes = _runnable(plan, manifest)
     beams = list(searches)
     if not pairs or not beams:
         raise EdgecapError(f"bench: nothing to run on {export_dir}: " + "; ".join(notes))
@@ -181,6 +155,40 @@ def run_bench(export_dir: Path, plan: BenchPlan) -> BenchReport:
                        rows=with_speedups(rows), memcopy_gb_s=bandwidth, images=[str(f) for f in files], notes=notes,
                        gemm_peak_gflops=peak, encoder_gflops=encoder_flops / 1e9 if encoder_flops else None,
                        parity=saved_parity(export_dir, pairs))
+
+
+def _runnable(plan: BenchPlan, manifest: Manifest) -> tuple[list[tuple[str, str]], dict[int, SearchOptions],
+                                                               list[str]]:
+    """The (backend, precision) pairs and the beams of ``plan`` this export and install can run, and a note for each
+    one left out."""
+    notes: list[str] = []
+    pairs = []
+    for backend in plan.backends:
+        missing = _missing_peer(backend)
+        if missing:
+            notes.append(f"{backend}: skipped ({missing})")
+            continue
+        for precision in plan.precisions:
+            if backend in TORCH_BACKENDS and precision not in TORCH_PRECISIONS:
+                notes.append(f"{backend} {precision}: skipped (the PyTorch checkpoint runs fp32 only)")
+            elif backend in GRAPH_BACKENDS and precision not in manifest.graphs:
+                notes.append(f"{backend} {precision}: skipped (not exported here: {', '.join(manifest.graphs)}; "
+                             f"`edgecap export --precision {precision}` adds it)")
+            else:
+                pairs.append((backend, precision))
+    searches = {}
+    for beam in plan.beams:
+        try:
+            options = replace(plan.search, beam_size=beam)
+        except ValueError as err:
+            notes.append(f"beam {beam}: skipped ({err})")
+            continue
+        if options.k > manifest.topk:
+            notes.append(f"beam {beam}: skipped (the step graph returns {manifest.topk} candidates, it needs "
+                         f"{options.k}; re-export with --beam {beam})")
+        else:
+            searches[beam] = options
+    return pairs, searches, notes
 
 
 def _missing_peer(backend: str) -> str | None:

@@ -229,25 +229,20 @@ def export_model(
 ) -> None:
     """Export the encoder and single-step decoder to ONNX, validated against PyTorch; --trt builds engines."""
     from edgecap.export.pipeline import ExportOptions, add_engines, export_run
-    from edgecap.export.target import rule_options
+    from edgecap.export.target import target_options
     from edgecap.model_source import is_export
     from edgecap.report import export_lines
 
-    chosen = {"--precision": precision, "--int8-scheme": int8_scheme, "--int8-graphs": int8_graphs,
-              "--calib-bias-correction": calib_bias_correction or None}
-    if target is not None and any(v is not None for v in chosen.values()):
-        named = ", ".join(flag for flag, value in chosen.items() if value is not None)
-        raise EdgecapError(f"--target {target} chooses the precisions, INT8 scheme and graphs itself: drop {named}, "
-                           "or drop --target to choose them yourself")
-    precisions = parse_list(precision or ("fp32,int8" if target == "cpu" else "fp32"), PRECISIONS, "--precision")
+    precisions = parse_list(precision or "fp32", PRECISIONS, "--precision")
     int8 = Int8Options(calib_data, calib_images, calib_heldout, calib_heldout_split.value, calib_method.value,
                        calib_max_delta, _value(int8_scheme) or "tensorrt",
                        parse_list(int8_graphs or ",".join(GRAPHS), GRAPHS, "--int8-graphs"), calib_bias_correction,
-                       beam=beam) if calib_data and "int8" in precisions else None
-    if target in ("gpu", "jetson"):
-        precisions, int8 = rule_options(Int8Options(calib_data, calib_images, calib_heldout,
-                                                    calib_heldout_split.value, calib_method.value, calib_max_delta,
-                                                    beam=beam) if calib_data else None)
+                       beam=beam) if calib_data else None
+    if target is not None:
+        given = {"--precision": precision, "--int8-scheme": int8_scheme, "--int8-graphs": int8_graphs,
+                 "--calib-bias-correction": calib_bias_correction or None}
+        precisions, int8 = target_options(target, int8, given)
+    int8 = int8 if "int8" in precisions else None
     engines = EngineOptions(max_batch=max_batch, opt_batch=opt_batch, beam=beam) if trt else None
     if trt and is_export(run):  # graphs made elsewhere, e.g. on an x86 host for a Jetson
         add_engines(run, precisions, engines, say=typer.echo)

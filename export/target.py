@@ -51,8 +51,19 @@ class Trial:
     photos: int = 0
 
 
-def rule_options(int8: Int8Options | None) -> tuple[tuple[str, ...], Int8Options | None]:
-    """(precisions, INT8 options) ``gpu`` and ``jetson`` export: fp16, and the INT8 step when photos are given."""
+def target_options(target: str, int8: Int8Options | None,
+                   given: dict[str, object]) -> tuple[tuple[str, ...], Int8Options | None]:
+    """(precisions, INT8 options) a target exports; the flags it chooses itself must not be ``given`` too.
+
+    ``cpu`` writes fp32 and INT8 (its candidates vary the INT8 options); ``gpu`` and ``jetson`` fp16, and the INT8
+    step in TensorRT's scheme when photos are given.
+    """
+    named = ", ".join(flag for flag, value in given.items() if value is not None)
+    if named:
+        raise EdgecapError(f"--target {target} chooses the precisions, INT8 scheme and graphs itself: drop {named}, "
+                           "or drop --target to choose them yourself")
+    if target == "cpu":
+        return ("fp32", "int8"), int8
     if int8 is None:
         return ("fp32", "fp16"), None
     return ("fp32", "fp16", "int8"), replace(int8, scheme="tensorrt", graphs=("step",), bias_correction=False)

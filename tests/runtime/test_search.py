@@ -360,7 +360,7 @@ def _reference_update(cumulative: np.ndarray, scores: np.ndarray, ids: np.ndarra
 
 @pytest.mark.parametrize("seed", range(40))
 def test_beam_update_matches_the_rule_with_ties_eos_and_dead_rows(seed):
-    from edgecap.runtime.search import update_beams
+    from edgecap.runtime.beams import update_beams
 
     rng = np.random.default_rng(seed)
     batch, beam = int(rng.integers(1, 4)), int(rng.integers(1, 4))
