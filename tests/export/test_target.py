@@ -35,6 +35,7 @@ def test_target_cpu_keeps_the_fastest_candidate_that_passes_parity(tiny_export, 
     assert ModelSource.choose(out, None, None).precision == target["precision"]  # caption's default
 
 
+@pytest.mark.slow
 def test_target_gpu_chooses_by_rule_and_says_it_was_not_measured(tiny_export, tmp_path):
     out = tmp_path / "gpu"
     code, output = invoke("export", str(tiny_export / "run"), "--out", str(out), "--target", "gpu")

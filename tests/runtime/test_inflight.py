@@ -32,6 +32,7 @@ def _alone(captioner, pixels, options):
     return [(h.tokens, h.logprob) for h in captioner.search_n(pixels[None], options)[0]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positional", [False, True], ids=["one cohort", "a cohort per admission"])
 def test_every_request_gets_the_caption_it_gets_alone(captioner, positional):
     photos = _photos(captioner, 12)
