@@ -35,7 +35,7 @@ def target_precision(path: Path | None) -> str:
         return "fp32"
     from edgecap.runtime.manifest import Manifest
 
-    return Manifest.read(Path(path)).target.get("precision", "fp32")
+    return Manifest.read(Path(path)).default_precision
 
 
 def is_export(path: Path | None) -> bool:

@@ -22,6 +22,7 @@ from edgecap.errors import EdgecapError
 from edgecap.runtime.manifest import Manifest
 
 TARGETS = ("cpu", "gpu", "jetson")
+FP32_VERDICT = "validated at export"  # fp32 has no INT8 gate: export checked its graphs against PyTorch
 TIMED_RUNS, WARMUP = 20, 3  # per candidate: enough for a stable p50 of a batch-1 caption
 Say = Callable[[str], None]
 
@@ -102,17 +103,16 @@ def choose_for_cpu(directory: Path, manifest: Manifest, calibration, int8: Int8O
     times = _caption_ms_side_by_side(list(built.values()), int8.beam)
     trials = [_trial(c, built[c.name][2], ms, gates.get(c.name), say)
               for c, ms in zip(CPU_CANDIDATES, times, strict=True)]
-    kept = {name: (d, m) for name, (d, m, _) in built.items()}
-    passing = [t for t in trials if t.parity in ("pass", "validated at export")]
+    passing = [t for t in trials if t.parity in ("pass", FP32_VERDICT)]
     best = min(passing, key=lambda t: t.caption_ms_p50)
     fp32_ms = next(t.caption_ms_p50 for t in trials if t.precision == "fp32")
-    chosen_dir, chosen = kept[best.candidate]
+    chosen_dir, chosen, _ = built[best.candidate]
     if chosen_dir != directory:
         for name in {*chosen.graphs["int8"].values()} - {*manifest.graphs["fp32"].values()}:
             shutil.copy2(chosen_dir / name, directory / name)
         if (chosen_dir / "calib").is_dir():
             shutil.copytree(chosen_dir / "calib", directory / "calib", dirs_exist_ok=True)
-    for trial_dir, _ in kept.values():
+    for trial_dir, _, _ in built.values():
         if trial_dir != directory:
             shutil.rmtree(trial_dir, ignore_errors=True)
     reason = (f"{best.candidate}: the fastest candidate that passes parity ({best.caption_ms_p50:.1f} ms per caption "
@@ -143,7 +143,7 @@ def _parity(directory: Path, manifest: Manifest, calibration, int8: Int8Options,
 
 def _trial(candidate: Candidate, precision: str, caption_ms: float, parity, say: Say) -> Trial:
     if parity is None:
-        trial = Trial(candidate.name, precision, (), False, caption_ms, "validated at export")
+        trial = Trial(candidate.name, precision, (), False, caption_ms, FP32_VERDICT)
     else:
         trial = Trial(candidate.name, precision, candidate.int8_graphs, candidate.bias_correction, caption_ms,
                       parity.verdict.outcome, parity.delta_cider, parity.delta_cider_ci95, parity.n_images)

@@ -26,7 +26,7 @@ from edgecap import spec
 from edgecap.errors import EdgecapError
 from edgecap.runtime.backends.ort import OrtStepSession
 from edgecap.runtime.decoding import word_rules
-from edgecap.runtime.pipeline import Caption, Captioner, caption_of
+from edgecap.runtime.pipeline import Caption, Captioner, caption_of, check_options
 from edgecap.runtime.search import BeamSearch, SearchOptions
 
 
@@ -60,6 +60,7 @@ class StageTimes:
 class _Request:
     pixels: np.ndarray  # float32 (3, H, W)
     options: SearchOptions
+    rules: tuple[frozenset[int], frozenset[int]]  # the options' (bad-ending, banned-word) ids, from word_rules
     future: Future
     submitted: float
     times: StageTimes = field(default_factory=StageTimes)
@@ -85,14 +86,15 @@ class _Cohort:
         self.requests: list[_Request] = []
         self.memory: dict[str, np.ndarray] = {}
         self.state: dict[str, np.ndarray] = {}
+        self.starts: list[int] = []  # first row of each request, set with the requests
         self.gathered = True  # state is already in this step's row order: feed the identity reorder
 
     def rebuild(self, staying: list[_Request], joining: list[_Request]) -> None:
         """Rows of the requests that stay (their state gathered by their back-pointers) then the joining ones."""
-        offsets = self._offsets()
+        starts = {id(r): s for r, s in zip(self.requests, self.starts, strict=True)}
         parts = {name: [] for name in (*self.memory, *self.state)} if self.requests else {}
         for request in staying:
-            start = offsets[id(request)]
+            start = starts[id(request)]
             # a cohort rebuilt since its last step holds its state in this step's order already
             rows = start + (np.arange(request.rows) if self.gathered else request.search.reorder)
             for name, value in self.state.items():
@@ -107,11 +109,8 @@ class _Cohort:
         self.memory = {n: v for n, v in combined.items() if spec.role_of(n) == spec.ROLE_MEMORY}
         self.state = {n: v for n, v in combined.items() if spec.role_of(n) == spec.ROLE_STATE}
         self.requests = [*staying, *joining]
+        self.starts = np.cumsum([0] + [r.rows for r in self.requests[:-1]]).tolist()
         self.gathered = True
-
-    def _offsets(self) -> dict[int, int]:
-        starts = np.cumsum([0] + [r.rows for r in self.requests[:-1]]) if self.requests else []
-        return {id(r): int(s) for r, s in zip(self.requests, starts, strict=True)}
 
     def step(self, session: OrtStepSession) -> list[_Request]:
         """One step call for every request; the requests whose search is done."""
@@ -119,8 +118,8 @@ class _Cohort:
         if self.gathered:
             reorder = np.arange(len(tokens), dtype=np.int64)
         else:
-            offsets = self._offsets()
-            reorder = np.concatenate([offsets[id(r)] + r.search.reorder for r in self.requests])
+            reorder = np.concatenate([start + r.search.reorder for r, start in zip(self.requests, self.starts,
+                                                                                     strict=True)])
         session.memory, session.state = self.memory, self.state
         start = time.perf_counter()
         logprobs, ids, attention = session.step(tokens, reorder, self.requests[0].search.position)
@@ -157,11 +156,9 @@ class _Scheduler:
         if options.beam_size > self.options.max_rows:
             raise EdgecapError(f"beam {options.beam_size} needs more rows than the scheduler's max_rows "
                                f"{self.options.max_rows}")
-        from edgecap.runtime.pipeline import check_options
-
         check_options(self.captioner.manifest, options)
-        word_rules(self.captioner.vocab, options)  # unknown words refused here, not in the loop
-        request = _Request(np.asarray(pixels, dtype=np.float32), options, Future(), time.perf_counter())
+        rules = word_rules(self.captioner.vocab, options)  # unknown words refused here, not in the loop
+        request = _Request(np.asarray(pixels, dtype=np.float32), options, rules, Future(), time.perf_counter())
         try:
             self.waiting.put_nowait(request)
         except queue.Full:
@@ -247,7 +244,7 @@ class InflightScheduler(_Scheduler):
             beam = request.options.beam_size
             request.memory = {n: np.repeat(v[index:index + 1], beam, axis=0) for n, v in session.memory.items()}
             request.state = {n: np.repeat(v[index:index + 1], beam, axis=0) for n, v in session.state.items()}
-            endings, banned = word_rules(self.captioner.vocab, request.options)
+            endings, banned = request.rules
             request.search = BeamSearch(1, request.options, bad_ending_ids=endings, banned_ids=banned)
             self.ready.put(request)  # blocks while the step loop is max_batch photos behind: backpressure
 

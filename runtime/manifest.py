@@ -120,6 +120,11 @@ class Manifest:
     files: dict[str, str] = field(default_factory=dict)  # every graph file -> its sha256, as written
     target: dict = field(default_factory=dict)  # export --target: the device, the precision chosen, why, each trial
 
+    @property
+    def default_precision(self) -> str:
+        """What ``edgecap export --target`` chose for this export; fp32, which every export has, otherwise."""
+        return self.target.get("precision", "fp32")
+
     def write(self, directory: Path, *, record_files: bool = True) -> Manifest:
         """Write ``edgecap.json`` atomically, recording the sha256 of every graph file it names (``record_files``:
         the writer made them; a reader adding a note leaves the recorded digests as they were); the manifest

@@ -90,7 +90,7 @@ class Captioner:
         """``precision`` None: what ``edgecap export --target`` chose for the export, else fp32."""
         directory = Path(directory)
         manifest = Manifest.read(directory)
-        precision = precision or manifest.target.get("precision", "fp32")
+        precision = precision or manifest.default_precision
         return cls(open_backend(directory, manifest, backend=backend, precision=precision, device=device), manifest,
                    directory)
 
