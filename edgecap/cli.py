@@ -303,6 +303,37 @@ def bench(
 
 
 @app.command()
+def serve(
+    export_dir: Annotated[Path | None, typer.Argument(help="Export directory (default: the shipped export)")] = None,
+    backend: Annotated[str, typer.Option(help="ort or openvino: backends whose state the scheduler gathers on the "
+                                              "host")] = "ort",
+    precision: ExportPrecision = None,
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    batching: Annotated[str, typer.Option(help="inflight: requests join the running step batch; static: whole "
+                                               "requests batched (the baseline)")] = "inflight",
+    max_batch: Annotated[int, typer.Option(help="Most photos encoded in one call", min=1)] = 32,
+    max_rows: Annotated[int, typer.Option(help="Most step rows (photos x beam) in flight", min=1)] = 96,
+    max_delay_ms: Annotated[float, typer.Option(help="How long an idle server waits for a second photo", min=0)] = 5,
+    queue: Annotated[int, typer.Option(help="Requests waiting to be encoded; one more is answered 503", min=1)] = 256,
+    timeout: Annotated[float, typer.Option(help="Seconds a request may take unless it sets deadline_s (504 after)",
+                                           min=0.001)] = 30.0,
+    max_body_mb: Annotated[float, typer.Option(help="Largest request body in MiB (413 above)", min=0.001)] = 20.0,
+) -> None:
+    """Serve captions over HTTP (POST /caption, GET /health, GET /metrics) with in-flight batching; SIGTERM drains
+    the requests in flight before stopping (docs/serving.md)."""
+    from edgecap.config import DEFAULT_EXPORT
+    from edgecap.runtime.inflight import SchedulerOptions
+    from edgecap.server import ServeOptions
+    from edgecap.server import serve as run_server
+
+    scheduler = SchedulerOptions(max_rows=max_rows, max_batch=max_batch, max_delay_ms=max_delay_ms, queue=queue)
+    run_server(ServeOptions(export_dir or DEFAULT_EXPORT, backend=backend, precision=_value(precision), host=host,
+                            port=port, batching=batching, scheduler=scheduler, timeout_s=timeout,
+                            max_body_mb=max_body_mb))
+
+
+@app.command()
 def doctor(
     export_dir: Annotated[Path | None, typer.Argument(help="Export directory to check (default: the machine only)")]
     = None,
@@ -321,7 +352,8 @@ def doctor(
 
 # The optional packages a command imports when it needs them, and the extra that installs each.
 EXTRA_OF_PACKAGE = {"torch": "train", "matplotlib": "plots", "onnx": "export", "onnxscript": "export",
-                    "onnxruntime": "runtime"}
+                    "onnxruntime": "runtime", "litserve": "serve", "prometheus_client": "serve", "fastapi": "serve",
+                    "av": "video"}
 
 
 def missing_package_message(err: ModuleNotFoundError) -> str | None:

@@ -20,12 +20,14 @@ Decisions:
 
 from __future__ import annotations
 
+import io
 import os
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -89,20 +91,19 @@ def _to_8bit_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def _unidentified_message(path: Path) -> str:
-    """The error for a file Pillow cannot identify: say what it looks like, so the fix fits the file."""
-    with path.open("rb") as f:
-        head = f.read(16)
-    for signature, name in _SIGNATURES.items():
+def _unidentified_message(name: Path | str, head: bytes) -> str:
+    """The error for data Pillow cannot identify (``head``: its first 16 bytes): say what it looks like, so the fix
+    fits the file."""
+    for signature, kind in _SIGNATURES.items():
         if head.startswith(signature):
-            return f"{path}: damaged {name} file (its header cannot be parsed); re-copy it or re-export it"
+            return f"{name}: damaged {kind} file (its header cannot be parsed); re-copy it or re-export it"
     if head[4:8] == b"ftyp":  # ISO media: HEIC from phones, AVIF without Pillow support, MP4
         what = f"{head[8:12].decode('ascii', 'replace').strip().upper()} container"
     elif head.startswith(b"%PDF"):
         what = "PDF document"
     else:
         what = "unknown binary format" if b"\x00" in head else "text file"
-    return f"{path}: not an image PIL can read ({what}); convert it to JPEG or PNG"
+    return f"{name}: not an image PIL can read ({what}); convert it to JPEG or PNG"
 
 
 def _refuse_oversize(name: Path | str, image: Image.Image) -> None:
@@ -113,9 +114,9 @@ def _refuse_oversize(name: Path | str, image: Image.Image) -> None:
                          "megapixels; downscale it (e.g. to 4000 px wide) first")
 
 
-def _decode(path: Path, image: Image.Image, target_size: int | None) -> Image.Image:
+def _decode(name: Path | str, image: Image.Image, target_size: int | None) -> Image.Image:
     """An opened file -> a new 8-bit RGB image (so the file may be closed), upright, size checked first."""
-    _refuse_oversize(path, image)
+    _refuse_oversize(name, image)
     if target_size:
         image.draft("RGB", (target_size, target_size))  # no-op for formats other than JPEG
     ImageOps.exif_transpose(image, in_place=True)
@@ -132,25 +133,40 @@ def read_rgb(path: Path | str, *, target_size: int | None = None) -> Image.Image
     try:
         if path.is_dir():
             raise ImageError(f"{path}: is a directory, not an image; pass image files")
-        if path.stat().st_size == 0:
-            raise ImageError(f"{path}: empty file; re-copy or re-download the image")
-        # edgecap applies its own MAX_PIXELS, so Pillow's softer warning below ~179 MP is noise.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
-                return _decode(path, image, target_size)
+        with path.open("rb") as f:
+            head = f.read(16)
+            if not head:
+                raise ImageError(f"{path}: empty file; re-copy or re-download the image")
+            f.seek(0)
+            return _open_rgb(path, f, head, target_size)
     except FileNotFoundError:
         raise ImageError(f"{path}: no such file; check the path") from None
     except PermissionError:
         raise ImageError(f"{path}: permission denied; make the file readable (chmod +r)") from None
+
+
+def decode_rgb(data: bytes, name: str, *, target_size: int | None = None) -> Image.Image:
+    """``read_rgb`` of an encoded image already in memory (a request's body); ``name`` labels errors."""
+    if not data:
+        raise ImageError(f"{name}: empty image; send the bytes of a JPEG, PNG or WebP file")
+    return _open_rgb(name, io.BytesIO(data), data[:16], target_size)
+
+
+def _open_rgb(name: Path | str, source: BinaryIO, head: bytes, target_size: int | None) -> Image.Image:
+    try:
+        # edgecap applies its own MAX_PIXELS, so Pillow's softer warning below ~179 MP is noise.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(source) as image:
+                return _decode(name, image, target_size)
     except UnidentifiedImageError:
-        raise ImageError(_unidentified_message(path)) from None
+        raise ImageError(_unidentified_message(name, head)) from None
     except Image.DecompressionBombError as err:
         reason = str(err).rstrip(".")
-        raise ImageError(f"{path}: too large to decode safely ({reason}); downscale it first") from None
+        raise ImageError(f"{name}: too large to decode safely ({reason}); downscale it first") from None
     except (OSError, SyntaxError, ValueError, EOFError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ImageError(f"{path}: damaged or truncated image ({reason}); re-copy it or re-export it "
+        raise ImageError(f"{name}: damaged or truncated image ({reason}); re-copy it or re-export it "
                          "as JPEG or PNG") from None
 
 
@@ -199,6 +215,11 @@ def image_files(paths: Sequence[Path]) -> list[Path]:
 def load_image(path: Path | str, prep: Preprocessing) -> np.ndarray:
     """float32 (3, S, S) of one image file."""
     return to_array(read_rgb(path, target_size=prep.image_size), prep)
+
+
+def load_image_bytes(data: bytes, name: str, prep: Preprocessing) -> np.ndarray:
+    """float32 (3, S, S) of an encoded image in memory (a request's body); ``name`` labels errors."""
+    return to_array(decode_rgb(data, name, target_size=prep.image_size), prep)
 
 
 def load_images(paths: Sequence[Path | str], prep: Preprocessing) -> np.ndarray:

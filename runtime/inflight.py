@@ -48,11 +48,14 @@ class SchedulerOptions:
 
 @dataclass
 class StageTimes:
-    """Seconds one request spent waiting to join, in its encoder call and in the step calls it took part in."""
+    """Seconds one request spent waiting to join, in its encoder call, in the step calls it took part in and in its
+    own host-side beam updates between them; the photos encoded beside it and the step calls it took."""
 
     queue_s: float = 0.0
     encoder_s: float = 0.0
     steps_s: float = 0.0
+    search_s: float = 0.0
+    encoder_batch: int = 0
     steps: int = 0
 
 
@@ -128,7 +131,9 @@ class _Cohort:
         finished, row = [], 0
         for request in self.requests:
             rows = slice(row, row + request.rows)
+            advanced = time.perf_counter()
             request.search.advance(logprobs[rows], ids[rows], attention[rows])
+            request.times.search_s += time.perf_counter() - advanced
             request.times.steps_s += seconds
             request.times.steps += 1
             row += request.rows
@@ -159,6 +164,7 @@ class _Scheduler:
         check_options(self.captioner.manifest, options)
         rules = word_rules(self.captioner.vocab, options)  # unknown words refused here, not in the loop
         request = _Request(np.asarray(pixels, dtype=np.float32), options, rules, Future(), time.perf_counter())
+        request.future.set_running_or_notify_cancel()  # taken: a caller's cancel() cannot break the loop's answer
         try:
             self.waiting.put_nowait(request)
         except queue.Full:
@@ -240,7 +246,7 @@ class InflightScheduler(_Scheduler):
             return
         seconds = time.perf_counter() - start
         for index, request in enumerate(batch):
-            request.times.encoder_s = seconds
+            request.times.encoder_s, request.times.encoder_batch = seconds, len(batch)
             beam = request.options.beam_size
             request.memory = {n: np.repeat(v[index:index + 1], beam, axis=0) for n, v in session.memory.items()}
             request.state = {n: np.repeat(v[index:index + 1], beam, axis=0) for n, v in session.state.items()}
@@ -341,6 +347,7 @@ class StaticScheduler(_Scheduler):
             seconds = time.perf_counter() - start
             for request, hypotheses in zip(batch, found, strict=True):
                 request.times.queue_s, request.times.steps_s = start - request.submitted, seconds
+                request.times.encoder_batch = len(batch)
                 request.future.set_result(Answer(caption_of(None, hypotheses, self.captioner.vocab), request.times))
 
     def _batch(self) -> list[_Request]:

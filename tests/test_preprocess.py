@@ -193,10 +193,10 @@ def test_permission_denied_is_an_image_error(tmp_path, monkeypatch):
     path = tmp_path / "locked.jpg"
     Image.new("RGB", (8, 8)).save(path)
 
-    def denied(fp, *args, **kwargs):
-        raise PermissionError(13, "Permission denied", str(fp))
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
 
-    monkeypatch.setattr(Image, "open", denied)  # chmod cannot deny root, who may run the tests
+    monkeypatch.setattr(Path, "open", denied)  # chmod cannot deny root, who may run the tests
     with pytest.raises(ImageError, match=r"locked\.jpg: permission denied"):
         read_rgb(path)
 
