@@ -10,97 +10,49 @@ from __future__ import annotations
 import json
 import os
 import sys
-from enum import Enum
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from edgecap.calib.options import GRAPHS, METHODS, SCHEMES, Int8Options
-from edgecap.config import PRESETS
-from edgecap.data.records import SPLITS
+from edgecap.calib.options import GRAPHS, Int8Options
+from edgecap.cli_options import (
+    ENGINES,
+    INT8,
+    Beam,
+    BlockTrigrams,
+    CalibMethod,
+    ChosenBackend,
+    Data,
+    Device,
+    ExportDir,
+    ExportPrecision,
+    Int8Scheme,
+    JsonOut,
+    LengthPenalty,
+    MarkdownOut,
+    MaxImages,
+    ModelId,
+    ModelPath,
+    OrtDevice,
+    Precision,
+    PresetName,
+    RunOrExport,
+    SearchItems,
+    Split,
+    choice_value,
+    parse_ints,
+    parse_list,
+    search_flags,
+)
 from edgecap.errors import EdgecapError, ImageError
-from edgecap.model_source import BACKENDS, DEVICES
-from edgecap.models import MODELS
 from edgecap.runtime.engines import EngineOptions
 from edgecap.runtime.manifest import PRECISIONS
-
-if TYPE_CHECKING:
-    from edgecap.runtime.search import SearchOptions
-
-
-def _choices(name: str, values) -> type[Enum]:
-    return Enum(name, {value: value for value in values}, type=str)
-
-
-ModelId, PresetName, Split = _choices("ModelId", MODELS), _choices("PresetName", PRESETS), _choices("Split", SPLITS)
-Backend, Device, Precision = _choices("Backend", BACKENDS), _choices("Device", DEVICES), _choices("Prec", PRECISIONS)
-CalibMethod, Int8Scheme = _choices("CalibMethod", METHODS), _choices("Int8Scheme", SCHEMES)
-_INT8, _ENGINES = Int8Options(data=""), EngineOptions()
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Image captioning from PyTorch training to fast, verified inference. Bad input gets one line "
                        "naming the file and the fix (exit 2); add --debug to any command for the traceback.")
-
-
-def parse_list(value: str, allowed, option: str) -> tuple[str, ...]:
-    """A comma-separated option such as ``fp32,int8``, checked against the allowed values."""
-    items = [item.strip() for item in value.split(",") if item.strip()]
-    known = [getattr(member, "value", member) for member in allowed]
-    if not items or any(item not in known for item in items):
-        raise EdgecapError(f"{option} {value!r}: expected a comma-separated list of {', '.join(known)}")
-    return tuple(dict.fromkeys(items))
-
-
-def parse_ints(value: str, option: str) -> tuple[int, ...]:
-    """A comma-separated list of positive integers such as ``1,4``."""
-    try:
-        items = [int(item) for item in value.split(",") if item.strip()]
-    except ValueError:
-        items = []
-    if not items or min(items) < 1:
-        raise EdgecapError(f"{option} {value!r}: expected a comma-separated list of positive integers, e.g. 1,4")
-    return tuple(dict.fromkeys(items))
-
-
-Data = Annotated[str, typer.Option(help="Dataset spec: flickr8k:DIR, folder:DIR, karpathy:FILE.json[:ROOT], "
-                                        "coco:DIR_OR_JSON[:ROOT], shapes")]
-ModelPath = Annotated[Path | None, typer.Option("--model", help="Run directory, checkpoint or export directory "
-                                                                 "(default: the shipped model)")]
-RunOrExport = Annotated[Path | None, typer.Argument(help="Run directory, checkpoint or export directory "
-                                                         "(default: the shipped model)")]
-ExportDir = Annotated[Path, typer.Argument(help="Export directory made by `edgecap export`")]
-ChosenBackend = Annotated[Backend | None, typer.Option(help="torch for a run or checkpoint; ort (default), openvino "
-                                                            "or trt for an export directory, which needs no torch")]
-ExportPrecision = Annotated[Precision | None, typer.Option(
-    help="Graph precision of an export directory (default: what its --target chose, else fp32)")]
-OrtDevice = Annotated[Device, typer.Option(help="ONNX Runtime provider (ort: cpu, cuda, tensorrt) or OpenVINO "
-                                                 "device (openvino: cpu, gpu, npu, auto)")]
-Beam = Annotated[int, typer.Option(help="Beam size (1 = greedy)", min=1)]
-LengthPenalty = Annotated[float, typer.Option(help="Rank finished captions by log-prob / length**ALPHA "
-                                                   "(0: the raw sum, which favours short captions)", min=0.0)]
-BlockTrigrams = Annotated[bool, typer.Option("--block-trigrams", help="Never repeat a trigram within a caption")]
-MaxImages = Annotated[int, typer.Option(help="Only the first N photos of the split (0: all)", min=0)]
-SearchItems = Annotated[list[str] | None, typer.Option(
-    "--search", help="More decoding, FIELD=VALUE, repeatable: n_best=3, sample=true, top_p=0.9, temperature=0.7, "
-                     "seed=1, patience=2, ban_words=man+woman, learned_endings=true, ... (docs/parity-and-bench.md)")]
-JsonOut = Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here")]
-MarkdownOut = Annotated[Path | None, typer.Option("--markdown", help="Also write the Markdown report here")]
-
-
-def _search(beam: int, length_penalty: float, block_trigrams: bool, items: list[str] | None) -> SearchOptions:
-    """The decoding flags and ``--search FIELD=VALUE`` items as options; a bad item is one line, not a traceback."""
-    from edgecap.runtime.search import SearchOptions
-
-    try:
-        return SearchOptions(beam_size=beam, length_penalty=length_penalty,
-                             block_trigrams=block_trigrams).overridden(items or [])
-    except (TypeError, ValueError) as err:
-        raise EdgecapError(f"--search: {err}") from None
-
-
-def _value(choice: Enum | None) -> str | None:
-    return None if choice is None else choice.value
 
 
 @app.command()
@@ -130,7 +82,7 @@ def train(
     overrides = [*(set_ or []), *([f"xe.max_steps={max_steps}"] if max_steps else []),
                  *(["encoder.finetune=true"] if finetune_encoder else []),
                  *([f"scst.epochs={scst_epochs}"] if scst_epochs is not None else [])]
-    spec = None if resume else resolve_run(_value(model), data, preset.value, overrides)
+    spec = None if resume else resolve_run(choice_value(model), data, preset.value, overrides)
     result = run_training(run_dir=out, spec=spec, resume=resume, changes=overrides if resume else (),
                           cache_dir=cache_dir, nproc=nproc)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary rather than one per rank
@@ -151,9 +103,9 @@ def evaluate(
     from edgecap.model_source import evaluate as run_eval
     from edgecap.report import eval_json, eval_table, write_json
 
-    source = ModelSource.choose(run, _value(backend), _value(precision), device.value)
-    result = run_eval(source, data, split, _search(beam, length_penalty, block_trigrams, search), max_images=max_images,
-                      say=typer.echo)
+    source = ModelSource.choose(run, choice_value(backend), choice_value(precision), device.value)
+    result = run_eval(source, data, split, search_flags(beam, length_penalty, block_trigrams, search),
+                      max_images=max_images, say=typer.echo)
     typer.echo(eval_table(result))
     if json_out:
         write_json(eval_json(result), json_out)
@@ -162,25 +114,41 @@ def evaluate(
 
 @app.command()
 def caption(
-    images: Annotated[list[Path], typer.Argument(help="Image files, or folders of them")],
+    images: Annotated[list[str], typer.Argument(help="Image files or folders of them; or one video file, stream URL "
+                                                     "(rtsp://, http://...) or camera (/dev/video0)")],
     model: ModelPath = None, backend: ChosenBackend = None, precision: ExportPrecision = None,
     device: OrtDevice = Device.cpu, beam: Beam = 3, length_penalty: LengthPenalty = 0.0,
     block_trigrams: BlockTrigrams = False, search: SearchItems = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object per image")] = False,
     attention: Annotated[Path | None, typer.Option(help="Write each photo's attention maps to DIR/PHOTO.png")] = None,
+    every: Annotated[float | None, typer.Option(help="Video: caption a frame every SECONDS (default 1)", min=0.001)]
+    = None,
+    change_threshold: Annotated[float, typer.Option(help="Video: skip a frame whose difference from the last "
+                                                         "captioned one (0-1) is below this", min=0, max=1)] = 0.0,
+    srt: Annotated[Path | None, typer.Option(help="Video: also write the captions as SubRip subtitles here")] = None,
+    jsonl: Annotated[Path | None, typer.Option(help="Video: also write one JSON object per caption here")] = None,
 ) -> None:
     """Print each photo's caption as it is ready; an unreadable one gets a one-line error, the others their captions.
+    A video, stream or camera gets timestamped captions as it plays.
 
-    The exit status is 2 if any photo could not be read.
+    The exit status is 2 if any photo could not be read, or the video broke off.
     """
     from edgecap.model_source import ModelSource, caption_files
     from edgecap.preprocess import image_files
     from edgecap.report import caption_json, caption_line
+    from edgecap.video import is_video
 
-    source = ModelSource.fastest(model, _value(backend), _value(precision), device.value)
-    options = _search(beam, length_penalty, block_trigrams, search)
+    source = ModelSource.fastest(model, choice_value(backend), choice_value(precision), device.value)
+    options = search_flags(beam, length_penalty, block_trigrams, search)
+    if every is not None or any(is_video(i) for i in images):
+        if len(images) != 1:
+            raise EdgecapError(f"a video is captioned on its own; got {len(images)} inputs: pass one video or stream")
+        from edgecap.streams import caption_stream
+
+        raise typer.Exit(caption_stream(source, images[0], options, every or 1.0, change_threshold=change_threshold,
+                                        srt=srt, jsonl=jsonl, say=typer.echo, warn=partial(typer.echo, err=True)))
     failed = 0
-    for result, maps in caption_files(source, image_files(images), options, attention=attention):
+    for result, maps in caption_files(source, image_files([Path(i) for i in images]), options, attention=attention):
         if isinstance(result, ImageError):
             failed += 1
             typer.echo(f"error: {result}", err=True)
@@ -205,13 +173,13 @@ def export_model(
                                                        "(default fp32)")] = None,
     calib_data: Annotated[str | None, typer.Option(help="INT8: dataset spec; its train split gives the ranges")]
     = None,
-    calib_images: Annotated[int, typer.Option(help="INT8: photos for the ranges", min=1)] = _INT8.images,
-    calib_heldout: Annotated[int, typer.Option(help="INT8: other photos ΔCIDEr is measured on", min=1)] = _INT8.heldout,
+    calib_images: Annotated[int, typer.Option(help="INT8: photos for the ranges", min=1)] = INT8.images,
+    calib_heldout: Annotated[int, typer.Option(help="INT8: other photos ΔCIDEr is measured on", min=1)] = INT8.heldout,
     calib_heldout_split: Annotated[Split, typer.Option(help="INT8: split of the held-out photos (parity --precision "
                                                             "int8 leaves them out)")] = Split.dev,
     calib_method: Annotated[CalibMethod, typer.Option(help="INT8: range selection")] = CalibMethod.max,
     calib_max_delta: Annotated[float, typer.Option(help="INT8: |ΔCIDEr| allowed before layers are kept fp32")]
-    = _INT8.max_delta,
+    = INT8.max_delta,
     int8_scheme: Annotated[Int8Scheme | None, typer.Option(help="INT8: tensorrt (symmetric, what TensorRT builds; the "
                                                                 "default) or ort-cpu (uint8 activations, fast on x86 "
                                                                 "CPUs)")] = None,
@@ -223,9 +191,9 @@ def export_model(
     = False,
     trt: Annotated[bool, typer.Option("--trt", help="Also build TensorRT engines of these precisions (NVIDIA GPU)")]
     = False,
-    max_batch: Annotated[int, typer.Option(help="TensorRT: most images per caption call", min=1)] = _ENGINES.max_batch,
+    max_batch: Annotated[int, typer.Option(help="TensorRT: most images per caption call", min=1)] = ENGINES.max_batch,
     opt_batch: Annotated[int, typer.Option(help="TensorRT: images per call the engines are tuned for", min=1)]
-    = _ENGINES.opt_batch,
+    = ENGINES.opt_batch,
 ) -> None:
     """Export the encoder and single-step decoder to ONNX, validated against PyTorch; --trt builds engines."""
     from edgecap.export.pipeline import ExportOptions, add_engines, export_run
@@ -235,7 +203,7 @@ def export_model(
 
     precisions = parse_list(precision or "fp32", PRECISIONS, "--precision")
     int8 = Int8Options(calib_data, calib_images, calib_heldout, calib_heldout_split.value, calib_method.value,
-                       calib_max_delta, _value(int8_scheme) or "tensorrt",
+                       calib_max_delta, choice_value(int8_scheme) or "tensorrt",
                        parse_list(int8_graphs or ",".join(GRAPHS), GRAPHS, "--int8-graphs"), calib_bias_correction,
                        beam=beam) if calib_data else None
     if target is not None:
@@ -270,7 +238,7 @@ def parity(
     if backend not in ("ort", "openvino", "trt"):
         raise EdgecapError(f"--backend {backend}: parity compares PyTorch with 'ort', 'openvino' or 'trt'")
     result = check_export(export_dir, data, split, backend=backend, precision=precision.value,
-                          options=_search(beam, length_penalty, block_trigrams, search), reference_path=reference,
+                          options=search_flags(beam, length_penalty, block_trigrams, search), reference_path=reference,
                           max_images=max_images, json_out=json_out, markdown_out=markdown_out, say=typer.echo)
     if not result.passed:  # 1: the export fails its gate; 3: too few photos to tell
         raise typer.Exit(1 if result.verdict.outcome == "fail" else 3)
@@ -298,7 +266,7 @@ def bench(
     plan = BenchPlan(backends=parse_list(backend, BENCH_BACKENDS, "--backend"),
                      precisions=parse_list(precision, PRECISIONS, "--precision"), batches=parse_ints(batch, "--batch"),
                      beams=beams, runs=runs, warmup=warmup, threads=threads, images=images,
-                     search=_search(max(beams), 0.0, False, search))
+                     search=search_flags(max(beams), 0.0, False, search))
     bench_export(export_dir, plan, json_out=json_out, markdown_out=markdown_out, plot=plot, say=typer.echo)
 
 
@@ -328,7 +296,7 @@ def serve(
     from edgecap.server import serve as run_server
 
     scheduler = SchedulerOptions(max_rows=max_rows, max_batch=max_batch, max_delay_ms=max_delay_ms, queue=queue)
-    run_server(ServeOptions(export_dir or DEFAULT_EXPORT, backend=backend, precision=_value(precision), host=host,
+    run_server(ServeOptions(export_dir or DEFAULT_EXPORT, backend=backend, precision=choice_value(precision), host=host,
                             port=port, batching=batching, scheduler=scheduler, timeout_s=timeout,
                             max_body_mb=max_body_mb))
 

@@ -9,4 +9,4 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # Pin torch first: an unpinned torch requirement would otherwise pull a multi-GB CUDA build.
 "$venv/bin/pip" install -q --disable-pip-version-check "torch==2.13.0"
-"$venv/bin/pip" install -q --disable-pip-version-check -e "$here[train,export,runtime,dev]"
+"$venv/bin/pip" install -q --disable-pip-version-check -e "$here[train,export,runtime,serve,video,dev]"

@@ -8,7 +8,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 full="${EDGECAP_VENV:-$here/.venv}"
 venv="${EDGECAP_RUNTIME_VENV:-$here/.venv-runtime}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check -e "$here[runtime,dev]"
+"$venv/bin/pip" install -q --disable-pip-version-check -e "$here[runtime,serve,video,dev]"
 if "$venv/bin/python" -c "import torch" 2>/dev/null; then
     echo "error: $venv can import torch; the runtime-only install must not have it" >&2
     exit 1
