@@ -39,6 +39,7 @@ from edgecap.errors import DataError
 from edgecap.runtime.backends.ort import cpu_session
 from edgecap.runtime.engines import GRAPHS
 from edgecap.runtime.manifest import GraphInt8, Int8Report, Manifest, file_sha256
+from edgecap.verdict import judge
 
 # The step quantises only its weighted layers: Gather, TopK, Softmax and the elementwise cell would otherwise put
 # the beam's state, the attention output and the log-probs ranked by TopK through int8.
@@ -182,6 +183,7 @@ def _report(options: Int8Options, dataset: CaptionDataset, calibration: list, he
             npz: dict[str, Path], scored: _Scored, graphs: dict[str, GraphInt8], began: float) -> Int8Report:
     found = scored.found
     delta, stderr = compare(found.fp32_scores, scored.int8_scores)
+    _, ci95, verdict = judge(found.fp32_scores, scored.int8_scores, options.max_delta)
     before = round(compare(found.fp32_scores, found.int8_scores)[0], 3) if options.bias_correction else None
     return Int8Report(
         scheme=options.scheme, method=options.method, calibration_data=dataset.name,
@@ -192,7 +194,8 @@ def _report(options: Int8Options, dataset: CaptionDataset, calibration: list, he
         delta_cider=round(delta, 3), delta_cider_se=round(stderr, 3),
         all_int8_delta_cider=round(compare(found.fp32_scores, found.all_int8_scores)[0], 3),
         threshold=options.max_delta,
-        threshold_met=abs(delta) <= options.max_delta if options.bias_correction else found.threshold_met,
+        threshold_met=verdict.outcome == "pass", verdict=verdict.outcome, photos_to_decide=verdict.photos_to_decide,
+        delta_cider_ci95=(round(ci95[0], 3), round(ci95[1], 3)),
         layers_tried=found.layers_tried, bias_correction=options.bias_correction,
         delta_cider_before_bias_correction=before, build_s=round(time.perf_counter() - began, 1),
         encoder=graphs["encoder"], step=graphs["step"],
@@ -217,8 +220,8 @@ def add_int8(directory: Path, manifest: Manifest, dataset: CaptionDataset, optio
     stand_in = "fp16" if "fp16" in manifest.graphs else "fp32"
     stand_in_files = dict(zip(GRAPHS, manifest.graph_files(directory, stand_in), strict=True))
     stand_ins = {name: file for name, file in stand_in_files.items() if name not in recipes}
-    say(f"int8: ΔCIDEr against fp32 on {len(heldout)} held-out {options.heldout_split} photos; layers that cost "
-        f"more than {options.max_delta} stay fp32")
+    say(f"int8: ΔCIDEr against fp32 on {len(heldout)} held-out {options.heldout_split} photos; layers stay fp32 "
+        f"until its 95% interval clears -{options.max_delta}")
     scorer = CaptionScorer(directory, manifest, heldout, beam_size=options.beam, progress=progress)
     proxy = {name: f[::max(1, len(f) // PROXY_FEEDS)][:PROXY_FEEDS] for name, f in feeds.items()}  # spread out
     found = keep_sensitive_layers(recipes, scorer, proxy, fixed=stand_ins, threshold=options.max_delta,
@@ -228,5 +231,9 @@ def add_int8(directory: Path, manifest: Manifest, dataset: CaptionDataset, optio
     graphs = {name: graph_report(recipe, feeds[name][0], found.kept_fp32[name]) for name, recipe in recipes.items()}
     graphs |= {name: GraphInt8(file=path.name, quantized=False) for name, path in stand_ins.items()}
     report = _report(options, dataset, calibration, heldout, feeds, npz, _Scored(found, scores), graphs, began)
+    if report.verdict == "fail":  # an INT8 set the gate would fail is not written; the report says why
+        for name in recipes:
+            (directory / graphs[name].file).unlink(missing_ok=True)
+        return replace(manifest, quantization=report).write(directory)
     files = {name: graphs[name].file for name in GRAPHS}
     return replace(manifest, graphs={**manifest.graphs, "int8": files}, quantization=report).write(directory)

@@ -1,4 +1,4 @@
-"""Keep the layers whose INT8 costs captions in fp32, until |ΔCIDEr| on held-out photos is within a threshold.
+"""Keep the layers whose INT8 costs captions in fp32, until the parity gate's rule passes on held-out photos.
 
 What matters is the caption, so the verdict is CIDEr-D (``edgecap.cider``, Java-free, 0-100 scale) of
 captions decoded exactly as ``edgecap.runtime.pipeline`` decodes them, against the held-out photos' human
@@ -6,8 +6,10 @@ references, with the fp32 graphs as the baseline. The all-INT8 pair is measured 
 layers ranked, and ranking every layer by ΔCIDEr would cost a decode of the held-out set per layer and drown in
 the noise of a hundred captions. So a cheap proxy orders the candidates: the share of its graph's output error
 (relative RMS on a few calibration feeds) that keeping one layer in fp32 removes. Layers are then kept fp32 in
-that order, ΔCIDEr measured after each, until the threshold is met or ``max_layers`` were tried; when it is never
-met every tried layer stays fp32 (the most accurate set tried) and the result says so.
+that order, ΔCIDEr measured after each, until the gate's non-inferiority rule (``edgecap.verdict``) passes: the
+paired-bootstrap interval's lower bound above -threshold, so the search stops on what parity will judge, not on a
+point estimate as noisy as the threshold. When no set tried passes, every tried layer stays fp32 (the most accurate
+set tried) and the verdict says whether it failed or the held-out photos were too few to tell.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from edgecap.runtime.backends.ort import OrtBackend, cpu_session
 from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.pipeline import Captioner
 from edgecap.runtime.search import SearchOptions
+from edgecap.verdict import Verdict, judge
 from edgecap.vocab import tokenize
 
 TRIAL = "calib-trial"  # precision name under which a candidate graph pair is loaded
@@ -106,17 +109,21 @@ class Sensitivity:
     fp32_scores: np.ndarray = field(repr=False)  # fp32 graphs
     int8_scores: np.ndarray = field(repr=False)  # the Q/DQ graphs as finally written
     all_int8_scores: np.ndarray = field(repr=False)  # every candidate layer quantised
-    threshold: float = 1.0  # |ΔCIDEr| allowed
-    threshold_met: bool = True
-    layers_tried: int = 0  # layers kept fp32 one by one after the all-INT8 pair failed
+    threshold: float = 1.0  # the gate's -threshold bound on ΔCIDEr
+    verdict: Verdict = Verdict("pass", ())  # the gate's rule on int8_scores against fp32_scores
+    layers_tried: int = 0  # layers kept fp32 one by one after the all-INT8 pair did not pass
+
+    @property
+    def threshold_met(self) -> bool:
+        return self.verdict.outcome == "pass"
 
 
 def keep_sensitive_layers(graphs: Mapping[str, QdqGraph], scorer: CaptionScorer,
                           proxy_feeds: Mapping[str, Sequence[dict[str, np.ndarray]]], *,
                           fixed: Mapping[str, Path] | None = None, threshold: float = 1.0, max_layers: int = 12,
                           progress: bool = True) -> Sensitivity:
-    """Write the ``target`` of each of ``graphs`` with the fewest fp32 layers tried that keep |ΔCIDEr| <= ``threshold``
-    (a negative threshold is never met: every tried layer stays fp32).
+    """Write the ``target`` of each of ``graphs`` with the fewest fp32 layers tried whose ΔCIDEr passes the gate's
+    rule at ``threshold`` (a negative threshold never passes: every tried layer stays fp32).
 
     ``graphs`` holds the graphs being quantised (encoder, step or both); ``fixed`` names the file used for each
     graph left out of INT8. The baseline is always the fp32 pair.
@@ -132,8 +139,9 @@ def keep_sensitive_layers(graphs: Mapping[str, QdqGraph], scorer: CaptionScorer,
     for graph in graphs.values():
         graph.write()
     int8 = all_int8 = trial()
-    if abs(compare(fp32, int8)[0]) <= threshold:
-        return Sensitivity(kept, fp32, int8, all_int8, threshold, True, 0)
+    verdict = judge(fp32, int8, threshold)[2]
+    if verdict.outcome == "pass":
+        return Sensitivity(kept, fp32, int8, all_int8, threshold, verdict, 0)
     ranked = sorted(((gain, name, layer) for name, graph in graphs.items()
                      for layer, gain in rank_layers(graph, proxy_feeds[name], progress=progress)),
                     key=lambda item: -item[0])[:max_layers]
@@ -145,6 +153,7 @@ def keep_sensitive_layers(graphs: Mapping[str, QdqGraph], scorer: CaptionScorer,
         graphs[name].write(kept[name])
         tried += 1
         int8 = trial()
-        if abs(compare(fp32, int8)[0]) <= threshold:
-            return Sensitivity(kept, fp32, int8, all_int8, threshold, True, tried)
-    return Sensitivity(kept, fp32, int8, all_int8, threshold, False, tried)
+        verdict = judge(fp32, int8, threshold)[2]
+        if verdict.outcome == "pass":
+            return Sensitivity(kept, fp32, int8, all_int8, threshold, verdict, tried)
+    return Sensitivity(kept, fp32, int8, all_int8, threshold, verdict, tried)

@@ -219,6 +219,9 @@ def export_model(
     manifest = export_run(run, out, options, say=typer.echo)
     for line in export_lines(manifest, out):
         typer.echo(line)
+    q = manifest.quantization
+    if q is not None and q.verdict == "fail" and "int8" not in manifest.graphs:  # failed the gate: not written
+        raise typer.Exit(1)
 
 
 @app.command()

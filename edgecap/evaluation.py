@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 from tqdm import tqdm
 
 from edgecap.data.records import ImageRecord
@@ -182,23 +181,6 @@ class Evaluator:
         else:
             skipped["SPICE"] = reason
         return Scores(metrics, dict(zip(gts, map(float, per_image), strict=True)), skipped)
-
-
-def paired_bootstrap_ci(a: np.ndarray, b: np.ndarray, *, samples: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile bootstrap interval of ``mean(b - a)`` over paired per-item scores ``a``, ``b`` of shape (N,).
-
-    Resampling the pairs, not each system alone, keeps the per-image correlation that makes small
-    differences between two systems on the same images detectable.
-    """
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.ndim != 1 or a.shape != b.shape or not len(a):
-        raise ValueError(f"paired_bootstrap_ci needs two equal-length 1-D arrays, got shapes {a.shape} and {b.shape}")
-    difference = b - a
-    rng = np.random.default_rng(seed)
-    # One resample at a time: a (samples, N) index matrix would be 320 MB for a 40k-image split.
-    means = [difference[rng.integers(0, len(difference), len(difference))].mean() for _ in range(samples)]
-    low, high = np.percentile(means, [2.5, 97.5])
-    return float(low), float(high)
 
 
 @dataclass(frozen=True)

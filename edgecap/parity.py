@@ -34,36 +34,11 @@ from edgecap.runtime.manifest import Manifest
 from edgecap.runtime.pipeline import check_options, open_backend
 from edgecap.runtime.search import Hypothesis, SearchOptions
 from edgecap.torch_backend import TorchBackend
+from edgecap.verdict import GATE_RULE, THRESHOLDS, Threshold, Verdict, gate, paired_bootstrap_ci
 from edgecap.vocab import BOS, EOS, PAD, Vocab
 
 if TYPE_CHECKING:  # scoring needs pycocoevalcap; the teacher-forced check and the gate's inputs do not
     from edgecap.evaluation import Evaluator, Scores
-
-
-@dataclass(frozen=True)
-class Threshold:
-    max_delta_cider: float  # |ΔCIDEr| on the 0-100 scale
-    min_identical_rate: float  # share of captions identical to PyTorch's
-
-
-THRESHOLDS = {
-    "fp32": Threshold(0.1, 0.99),
-    "fp16": Threshold(0.5, 0.95),
-    "int8": Threshold(1.0, 0.0),
-}
-
-
-GATE_RULE = ("non-inferiority on the paired-bootstrap 95% interval of ΔCIDEr: pass when its lower bound is above "
-             "-threshold and the identical-caption rate clears its bar; fail when its upper bound is below -threshold "
-             "or the rate misses its bar; otherwise inconclusive, too few photos to tell. An improvement never fails.")
-MAX_PHOTOS_TO_DECIDE = 1_000_000
-
-
-@dataclass(frozen=True)
-class Verdict:
-    outcome: str  # "pass", "fail" or "inconclusive"
-    reasons: tuple[str, ...]  # why it failed, or why it could not decide
-    photos_to_decide: int | None = None  # inconclusive: about how many photos would decide it
 
 
 @dataclass(frozen=True)
@@ -195,29 +170,6 @@ def _decode_both(records: Sequence[ImageRecord], sides: dict[str, _Side], option
     return hyps
 
 
-def gate(delta: float, ci95: tuple[float, float], identical: float, n_images: int, threshold: Threshold) -> Verdict:
-    """The verdict of the non-inferiority rule (``GATE_RULE``) on one comparison of ``n_images`` photos.
-
-    An interval's half-width shrinks as 1/sqrt(photos), so the photos that would separate it from -threshold are
-    about ``n_images * (half-width / distance)**2``: the estimate for an inconclusive verdict.
-    """
-    bound, (low, high) = -threshold.max_delta_cider, ci95
-    rate = f"identical captions {100 * identical:.1f}% < {100 * threshold.min_identical_rate:.0f}%"
-    if identical < threshold.min_identical_rate:
-        return Verdict("fail", (rate,))
-    if high < bound:
-        return Verdict("fail", (f"ΔCIDEr {delta:+.2f}: its whole 95% interval ({low:+.2f} .. {high:+.2f}) lies below "
-                                f"{bound:+g}",))
-    if low > bound:
-        return Verdict("pass", ())
-    distance = abs(delta - bound)
-    half_width = (delta - low) if delta > bound else (high - delta)
-    needed = MAX_PHOTOS_TO_DECIDE if distance == 0 else int(np.ceil(n_images * (half_width / distance) ** 2))
-    return Verdict("inconclusive", (f"ΔCIDEr {delta:+.2f} with a 95% interval {low:+.2f} .. {high:+.2f} that reaches "
-                                    f"across {bound:+g}: {n_images} photos are too few to tell",),
-                   min(max(needed, n_images + 1), MAX_PHOTOS_TO_DECIDE))
-
-
 def _int8_counts(manifest: Manifest) -> dict[str, dict[str, int]]:
     """What the int8 set's graphs run INT8: its weighted layers in INT8 and in fp32, and its Q/DQ nodes."""
     q = manifest.quantization
@@ -233,8 +185,6 @@ def run_parity(export_dir: Path, records: Sequence[ImageRecord], *, split: str, 
 
     ``data_name`` (the dataset's name) lets an int8 gate leave out the photos calibration selected on.
     """
-    from edgecap.evaluation import paired_bootstrap_ci  # scoring's module, which needs pycocoevalcap
-
     manifest = Manifest.read(export_dir)
     # INT8 calibration kept layers fp32 until ΔCIDEr on its held-out photos was small: grading the gate on them
     # would grade the search on its own selection set.

@@ -165,8 +165,8 @@ def speed_ratio(ratio: float | None, than: str) -> str:
 
 
 def int8_summary(q: Int8Report, directory: Path) -> list[str]:
-    """What calibration measured, per graph; a warning naming the next options when it missed its threshold, and a
-    note when its estimate is too noisy to say whether it met it."""
+    """What calibration measured, per graph, and the gate rule's verdict on the held-out photos: a warning naming the
+    next options when the INT8 set failed (and was not written), a note when the photos were too few to tell."""
     graphs = []
     for name in ("encoder", "step"):
         g = q.graph(name)
@@ -174,24 +174,29 @@ def int8_summary(q: Int8Report, directory: Path) -> list[str]:
                       f"search), {speed_ratio(g.ort_cpu_speedup, 'fp32')} on ONNX Runtime CPU"
                       if g.quantized else f"{name}: not quantised ({g.file})")
     corrected = ", bias-corrected" if q.bias_correction else ""
+    judged = f", {q.verdict}" if q.verdict else ""
     lines = [f"int8 ({q.scheme}, {q.method}{corrected}): ΔCIDEr {q.delta_cider:+.2f} ± {q.delta_cider_se:.2f} on "
-             f"{q.heldout_images} held-out {q.heldout_split} photos", *(f"  {g}" for g in graphs)]
-    half_width = 1.96 * q.delta_cider_se  # of the normal 95% interval: the report keeps the mean and its SE
-    if not q.threshold_met:
+             f"{q.heldout_images} held-out {q.heldout_split} photos{judged}", *(f"  {g}" for g in graphs)]
+    failed = q.verdict == "fail" or (not q.verdict and not q.threshold_met)
+    if failed:
         hints = ["more --calib-images"]
         if q.method == "max":
             hints.append("--calib-method entropy")
         if q.encoder.quantized and q.step.quantized:
             hints.append("--int8-graphs step (an INT8 step beside the fp16 encoder)")
         and_biases = " and biases corrected" if q.bias_correction else ""
-        lines.append(f"warning: int8 |ΔCIDEr| is above --calib-max-delta {q.threshold} even with {q.layers_tried} "
-                     f"layers kept fp32{and_biases}; expect `edgecap parity --precision int8` to fail. Try "
-                     f"{', or '.join(hints)}.")
-    elif half_width > q.threshold:
-        lines.append(f"note: the 95% interval of that ΔCIDEr (± {half_width:.2f}) is wider than --calib-max-delta "
-                     f"{q.threshold}, so {q.heldout_images} held-out photos cannot tell a passing INT8 export from a "
-                     f"failing one; gate it with `edgecap parity {directory} --data SPEC --precision int8`, on photos "
-                     "calibration never scored.")
+        outcome = ("so no int8 graphs were written" if q.verdict else
+                   "expect `edgecap parity --precision int8` to fail")
+        lines.append(f"warning: int8 costs more than --calib-max-delta {q.threshold} CIDEr-D even with "
+                     f"{q.layers_tried} layers kept fp32{and_biases}, {outcome}. Try {', or '.join(hints)}.")
+    elif q.verdict == "inconclusive" or (not q.verdict and 1.96 * q.delta_cider_se > q.threshold):
+        needed = f" (about {q.photos_to_decide} would decide)" if q.photos_to_decide else ""
+        interval = (f"{q.delta_cider_ci95[0]:+.2f} .. {q.delta_cider_ci95[1]:+.2f}" if q.delta_cider_ci95 else
+                    f"± {1.96 * q.delta_cider_se:.2f}")
+        lines.append(f"note: the 95% interval of ΔCIDEr ({interval}) reaches across -{q.threshold}: "
+                     f"{q.heldout_images} held-out photos are too few to tell whether this INT8 set passes{needed}; "
+                     f"gate it with `edgecap parity {directory} --data SPEC --precision int8`, on photos calibration "
+                     "never scored, or raise --calib-heldout.")
     return lines
 
 

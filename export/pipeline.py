@@ -92,8 +92,9 @@ def _write_stages(loaded, directory: Path, options: ExportOptions, calibration, 
         from edgecap.calib.build import add_int8
 
         manifest = add_int8(directory, manifest, calibration, options.int8, say=say)
-    if options.engines:
-        manifest = build_engines(directory, manifest, options.precisions, options.engines, say=say)
+    if options.engines:  # of the precisions written: a failed INT8 set is not
+        written = tuple(p for p in options.precisions if p in manifest.graphs)
+        manifest = build_engines(directory, manifest, written, options.engines, say=say)
     if options.target in ("gpu", "jetson"):
         from edgecap.export.target import rule_record
 

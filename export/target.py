@@ -45,7 +45,7 @@ class Trial:
     precision: str
     int8_graphs: tuple[str, ...]
     bias_correction: bool
-    caption_ms_p50: float
+    caption_ms_p50: float | None  # None: never timed (its INT8 search failed the gate)
     parity: str  # the gate's outcome, or why it was not run
     delta_cider: float | None = None
     delta_cider_ci95: tuple[float, float] | None = None
@@ -85,7 +85,7 @@ def choose_for_cpu(directory: Path, manifest: Manifest, calibration, int8: Int8O
     from edgecap.calib.build import add_int8
     from edgecap.evaluation import Evaluator
 
-    built, gates = {}, {}
+    built, gates, refused = {}, {}, []
     with Evaluator(spice=False) as evaluator:
         for number, candidate in enumerate(CPU_CANDIDATES):
             if not candidate.int8_graphs:
@@ -97,12 +97,16 @@ def choose_for_cpu(directory: Path, manifest: Manifest, calibration, int8: Int8O
             options = replace(int8, scheme="ort-cpu", graphs=candidate.int8_graphs,
                               bias_correction=candidate.bias_correction)
             trial_manifest = add_int8(trial_dir, manifest, calibration, options, say=say)
+            if "int8" not in trial_manifest.graphs:  # the layer search failed the gate: nothing to time
+                refused.append(_refused(candidate, trial_manifest.quantization, say))
+                shutil.rmtree(trial_dir, ignore_errors=True)
+                continue
             built[candidate.name] = (trial_dir, trial_manifest, "int8")
             gates[candidate.name] = _parity(trial_dir, trial_manifest, calibration, int8, photos, evaluator)
     say("export --target cpu: timing every candidate side by side")
-    times = _caption_ms_side_by_side(list(built.values()), int8.beam)
-    trials = [_trial(c, built[c.name][2], ms, gates.get(c.name), say)
-              for c, ms in zip(CPU_CANDIDATES, times, strict=True)]
+    times = dict(zip(built, _caption_ms_side_by_side(list(built.values()), int8.beam), strict=True))
+    trials = [_trial(c, built[c.name][2], times[c.name], gates.get(c.name), say)
+              for c in CPU_CANDIDATES if c.name in built] + refused
     passing = [t for t in trials if t.parity in ("pass", FP32_VERDICT)]
     best = min(passing, key=lambda t: t.caption_ms_p50)
     fp32_ms = next(t.caption_ms_p50 for t in trials if t.precision == "fp32")
@@ -139,6 +143,14 @@ def _parity(directory: Path, manifest: Manifest, calibration, int8: Int8Options,
     records = [r for r in calibration.split(int8.heldout_split) if r.image_id not in chose][: photos or None]
     return run_parity(directory, records, split=int8.heldout_split, precision="int8",
                       options=SearchOptions(beam_size=int8.beam), evaluator=evaluator, data_name=calibration.name)
+
+
+def _refused(candidate: Candidate, q, say: Say) -> Trial:
+    """The trial of a candidate whose INT8 layer search failed the gate on the held-out photos (never timed)."""
+    say(f"export --target cpu: {candidate.name}: the INT8 search failed the gate (ΔCIDEr {q.delta_cider:+.2f} on "
+        f"{q.heldout_images} held-out photos); not a candidate")
+    return Trial(candidate.name, "int8", candidate.int8_graphs, candidate.bias_correction, None,
+                 "fail (layer search)", q.delta_cider, q.delta_cider_ci95, q.heldout_images)
 
 
 def _trial(candidate: Candidate, precision: str, caption_ms: float, parity, say: Say) -> Trial:

@@ -71,14 +71,17 @@ class Int8Report:
     delta_cider_se: float  # its standard error over the photos
     all_int8_delta_cider: float  # before any layer was kept fp32
     threshold: float  # --calib-max-delta
-    threshold_met: bool
-    layers_tried: int  # layers kept fp32 one by one after the all-INT8 pair missed the threshold
+    threshold_met: bool  # the verdict passed (before the rule: |delta_cider| <= threshold)
+    layers_tried: int  # layers kept fp32 one by one after the all-INT8 pair did not pass
     bias_correction: bool
     delta_cider_before_bias_correction: float | None  # with bias correction: ΔCIDEr of the uncorrected graphs
     build_s: float  # seconds the INT8 stages took
     encoder: GraphInt8
     step: GraphInt8
     calibration_files: dict[str, str] = field(default_factory=dict)  # recorded feeds (calib/*.npz) -> sha256
+    verdict: str = ""  # the parity gate's rule on the held-out photos: pass, fail or inconclusive ("": not judged)
+    photos_to_decide: int | None = None  # inconclusive: about how many held-out photos would decide it
+    delta_cider_ci95: tuple[float, float] | None = None  # the paired-bootstrap interval the verdict judged
 
     @property
     def heldout_images(self) -> int:
@@ -91,7 +94,9 @@ class Int8Report:
     def from_json(cls, data: dict) -> Int8Report:
         graphs = {name: GraphInt8(**{k: tuple(v) if isinstance(v, list) else v for k, v in data[name].items()})
                   for name in ("encoder", "step")}
-        return cls(**{**data, **graphs, "heldout_image_ids": tuple(data["heldout_image_ids"])})
+        ci95 = tuple(data["delta_cider_ci95"]) if data.get("delta_cider_ci95") else None
+        return cls(**{**data, **graphs, "heldout_image_ids": tuple(data["heldout_image_ids"]),
+                      "delta_cider_ci95": ci95})
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ from edgecap.errors import EdgecapError
 from tests.needs import needs_scoring
 
 pytest.importorskip("pycocoevalcap", reason="scoring needs pycocoevalcap (pip install edgecap[metrics])")
-from edgecap.evaluation import SPICE_JARS, Evaluator, paired_bootstrap_ci, spice_skip_reason  # noqa: E402
+from edgecap.evaluation import SPICE_JARS, Evaluator, spice_skip_reason  # noqa: E402
+from edgecap.verdict import paired_bootstrap_ci  # noqa: E402
 
 REFERENCES = {
     "dog": [

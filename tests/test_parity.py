@@ -18,7 +18,7 @@ def parity(export_dir, *args):
 
 
 def _gate(delta, ci, identical=1.0, n=200, precision="int8"):
-    from edgecap.parity import THRESHOLDS, gate
+    from edgecap.verdict import THRESHOLDS, gate
 
     return gate(delta, ci, identical, n, THRESHOLDS[precision])
 
@@ -52,7 +52,7 @@ def test_too_few_identical_captions_fail_whatever_the_interval():
 
 @needs_scoring
 def test_the_gate_decides_as_photos_accumulate_on_constructed_scores():
-    from edgecap.evaluation import paired_bootstrap_ci
+    from edgecap.verdict import paired_bootstrap_ci
 
     rng = np.random.default_rng(0)
     outcomes = {}
