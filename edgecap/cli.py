@@ -210,17 +210,15 @@ def export_model(
         given = {"--precision": precision, "--int8-scheme": int8_scheme, "--int8-graphs": int8_graphs,
                  "--calib-bias-correction": calib_bias_correction or None}
         precisions, int8 = target_options(target, int8, given)
-    int8 = int8 if "int8" in precisions else None
     engines = EngineOptions(max_batch=max_batch, opt_batch=opt_batch, beam=beam) if trt else None
     if trt and is_export(run):  # graphs made elsewhere, e.g. on an x86 host for a Jetson
         add_engines(run, precisions, engines, say=typer.echo)
         return
-    options = ExportOptions(precisions, beam, int8, engines, target=target, target_photos=target_photos)
+    options = ExportOptions(precisions, beam, int8 if "int8" in precisions else None, engines, target=target,
+                            target_photos=target_photos)
     manifest = export_run(run, out, options, say=typer.echo)
-    for line in export_lines(manifest, out):
-        typer.echo(line)
-    q = manifest.quantization
-    if q is not None and q.verdict == "fail" and "int8" not in manifest.graphs:  # failed the gate: not written
+    typer.echo("\n".join(export_lines(manifest, out)))
+    if manifest.int8_refused:
         raise typer.Exit(1)
 
 

@@ -82,7 +82,7 @@ def search_options(request: CaptionRequest) -> SearchOptions:
 
 def image_bytes(encoded: str) -> bytes:
     try:
-        return base64.b64decode(encoded, validate=True)
+        return base64.b64decode("".join(encoded.split()), validate=True)  # line-wrapped base64 is fine too
     except (binascii.Error, ValueError):
         raise HTTPException(400, "image: not base64; send the file's bytes base64-encoded (base64 -w0 photo.jpg)"
                             ) from None
@@ -166,7 +166,8 @@ class Gate:
                     message["headers"] = [*message.get("headers", []), (b"retry-after", str(RETRY_AFTER_S).encode())]
             await send(message)
 
-        declared = int(dict(scope["headers"]).get(b"content-length", b"0") or 0)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        declared = int(length) if length.isdigit() else 0  # uvicorn refuses a malformed length itself
         if path == "/caption" and self.draining.is_set():
             refusal = JSONResponse({"detail": "the server is shutting down; retry on another instance"}, 503)
             await refusal(scope, receive, answer)
@@ -186,7 +187,6 @@ class Gate:
                 with self.in_flight.get_lock():
                     self.in_flight.value -= 1
         http_metrics().record(path, status[0], time.perf_counter() - start)  # made in the HTTP process
-
 
     def _counted(self, receive):
         """``receive`` that stops a body sent without a length once it passes the limit."""

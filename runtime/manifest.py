@@ -234,6 +234,11 @@ class Manifest:
         file = self.graphs[precision][graph]
         return next((p for p in ("fp32", "fp16", "int8") if self.graphs.get(p, {}).get(graph) == file), precision)
 
+    @property
+    def int8_refused(self) -> bool:
+        """INT8 calibration ran, its set failed the gate's rule on the held-out photos, and was not written."""
+        return self.quantization is not None and self.quantization.verdict == "fail" and "int8" not in self.graphs
+
     def int8_heldout_ids(self, dataset_name: str) -> frozenset[str]:
         """Ids of ``dataset_name``'s photos on which INT8 calibration chose the layers kept fp32; empty when it
         scored another dataset's photos (or predates recording them)."""
