@@ -39,8 +39,8 @@ class Client:
 
     def caption(self, image: bytes | str | Path, **options) -> dict:
         """The caption of an image's encoded bytes (or a path to its file) with decoding ``options`` (beam,
-        max_length, length_penalty, block_trigrams, n_best, ban_words, deadline_s): a dict with ``caption``,
-        ``logprob``, ``alternatives`` and per-stage ``times_ms``."""
+        max_length, length_penalty, block_trigrams, n_best, ban_words, require_words, deadline_s): a dict with
+        ``caption``, ``logprob``, ``alternatives``, ``unmet_words`` and per-stage ``times_ms``."""
         data = Path(image).read_bytes() if isinstance(image, (str, Path)) else image
         body = json.dumps({"image": base64.b64encode(data).decode("ascii"), **options}).encode()
         return json.loads(self._call("/caption", body))

@@ -211,13 +211,16 @@ def engine_line(engine: BuiltEngine) -> str:
 def caption_json(caption: Caption, attention: Path | None = None) -> dict:
     attention_file = {"attention": str(attention)} if attention else {}
     alternatives = {"alternatives": list(caption.alternatives)} if caption.alternatives else {}
+    unmet = {"unmet_words": list(caption.unmet_words)} if caption.unmet_words else {}
     return {"image": str(caption.image), "caption": caption.text, "logprob": round(caption.logprob, 4),
-            **alternatives, **attention_file}
+            **alternatives, **unmet, **attention_file}
 
 
 def caption_line(caption: Caption, attention: Path | None = None) -> str:
     """``photo.jpg: a dog runs on the grass``, its alternatives (n_best) and where its attention maps went."""
     lines = [f"{caption.image}: {caption.text}", *(f"  or: {text}" for text in caption.alternatives)]
+    if caption.unmet_words:
+        lines.append(f"  no caption found holds: {' '.join(caption.unmet_words)}")
     return "\n".join(lines + ([f"  attention maps: {attention}"] if attention else []))
 
 

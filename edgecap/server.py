@@ -68,6 +68,7 @@ class CaptionRequest(BaseModel):
     block_trigrams: bool = False
     n_best: int = 1
     ban_words: list[str] = Field(default_factory=list)
+    require_words: list[str] = Field(default_factory=list)
     deadline_s: float | None = Field(None, gt=0, le=3600)
 
 
@@ -75,7 +76,8 @@ def search_options(request: CaptionRequest) -> SearchOptions:
     try:
         return SearchOptions(beam_size=request.beam, max_length=request.max_length,
                              length_penalty=request.length_penalty, block_trigrams=request.block_trigrams,
-                             n_best=request.n_best, ban_words=tuple(request.ban_words))
+                             n_best=request.n_best, ban_words=tuple(request.ban_words),
+                             require_words=tuple(request.require_words))
     except (TypeError, ValueError) as err:
         raise HTTPException(400, str(err).replace("SearchOptions.beam_size", "beam")) from None
 
@@ -92,7 +94,8 @@ def answer_json(answer, decode_s: float, total_s: float) -> dict:
     times = answer.times
     caption = answer.caption
     return {"caption": caption.text, "logprob": round(float(caption.hypothesis.logprob), 4),
-            "alternatives": list(caption.alternatives), "encoder_batch": times.encoder_batch, "steps": times.steps,
+            "alternatives": list(caption.alternatives), "unmet_words": list(caption.unmet_words),
+            "encoder_batch": times.encoder_batch, "steps": times.steps,
             "times_ms": {name: round(seconds * 1e3, 2) for name, seconds in (
                 ("decode", decode_s), ("queue", times.queue_s), ("encoder", times.encoder_s),
                 ("steps", times.steps_s), ("search", times.search_s), ("total", total_s))}}

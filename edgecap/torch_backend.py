@@ -131,7 +131,8 @@ def caption_images(loaded: LoadedModel, paths: Sequence[Path], options: SearchOp
     """One caption per image file, best beam first."""
     features = encode_images(loaded, paths)
     found = search_features_n(loaded.model.decoder, features, loaded.vocab, options)
-    return [caption_of(Path(p), hyps, loaded.vocab) for p, hyps in zip(paths, found, strict=True)]
+    return [caption_of(Path(p), hyps, loaded.vocab, options.require_words)
+            for p, hyps in zip(paths, found, strict=True)]
 
 
 def split_features(loaded: LoadedModel, records: Sequence[ImageRecord]) -> np.ndarray | torch.Tensor:

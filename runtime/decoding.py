@@ -29,19 +29,41 @@ def word_rules(vocab: Vocab, options: SearchOptions) -> tuple[frozenset[int], fr
     if options.learned_endings and not vocab.learned_endings:
         raise EdgecapError("--search learned_endings=true: this model's vocabulary records no learned endings (it was "
                            "trained before they were); leave it out to use the default bad_endings")
-    unknown = sorted(set(options.ban_words) - set(vocab.words))
-    if unknown:
-        raise EdgecapError(f"--search ban_words: {', '.join(unknown)} not in the model's vocabulary, so it never "
-                           "says them; drop them")
+    _require_known(vocab, options.ban_words, "ban_words")
     endings = vocab.learned_endings if options.learned_endings else options.bad_endings
     return _ids(vocab.words, tuple(endings)), _ids(vocab.words, options.ban_words)
+
+
+def required_ids(vocab: Vocab, options: SearchOptions) -> frozenset[int]:
+    """The ids of ``options.require_words``; an EdgecapError names those the vocabulary lacks."""
+    _require_known(vocab, options.require_words, "require_words")
+    return _ids(vocab.words, options.require_words)
+
+
+def _require_known(vocab: Vocab, words: tuple[str, ...], option: str) -> None:
+    unknown = sorted(set(words) - set(vocab.words))
+    if unknown:
+        raise EdgecapError(f"--search {option}: {', '.join(unknown)} not in the model's vocabulary, so it never "
+                           "says them; drop them")
+
+
+def meeting(found: list[Hypothesis], required: frozenset[int]) -> list[Hypothesis]:
+    """``found`` (best first) with the hypotheses holding every required word first, each part in its order.
+
+    Not constrained beam search: the step graph returns only its top-k candidates, so a required word outside them
+    has no score to steer by; among the captions the search found, the best that holds the words wins.
+    """
+    if not required:
+        return found
+    return sorted(found, key=lambda h: not required <= set(h.tokens))
 
 
 def decode(session: StepSession, batch_size: int, options: SearchOptions, vocab: Vocab) -> list[list[Hypothesis]]:
     """``options.n_best`` captions per image, best first: beam search, or sampling with ``options.sample``."""
     endings, banned = word_rules(vocab, options)
+    required = required_ids(vocab, options)
     search = sample_search if options.sample else beam_search
-    return [found[: options.n_best]
+    return [meeting(found, required)[: options.n_best]
             for found in search(session, batch_size, options, bad_ending_ids=endings, banned_ids=banned)]
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from edgecap import spec
 from edgecap.errors import EdgecapError
 from edgecap.runtime.backends.ort import OrtStepSession
-from edgecap.runtime.decoding import word_rules
+from edgecap.runtime.decoding import meeting, required_ids, word_rules
 from edgecap.runtime.pipeline import Caption, Captioner, caption_of, check_options
 from edgecap.runtime.search import BeamSearch, SearchOptions
 
@@ -63,7 +63,7 @@ class StageTimes:
 class _Request:
     pixels: np.ndarray  # float32 (3, H, W)
     options: SearchOptions
-    rules: tuple[frozenset[int], frozenset[int]]  # the options' (bad-ending, banned-word) ids, from word_rules
+    rules: tuple[frozenset[int], frozenset[int], frozenset[int]]  # the options' bad-ending, banned, required ids
     future: Future
     submitted: float
     times: StageTimes = field(default_factory=StageTimes)
@@ -162,7 +162,8 @@ class _Scheduler:
             raise EdgecapError(f"beam {options.beam_size} needs more rows than the scheduler's max_rows "
                                f"{self.options.max_rows}")
         check_options(self.captioner.manifest, options)
-        rules = word_rules(self.captioner.vocab, options)  # unknown words refused here, not in the loop
+        vocab = self.captioner.vocab
+        rules = (*word_rules(vocab, options), required_ids(vocab, options))  # unknown words refused here, not later
         request = _Request(np.asarray(pixels, dtype=np.float32), options, rules, Future(), time.perf_counter())
         request.future.set_running_or_notify_cancel()  # taken: a caller's cancel() cannot break the loop's answer
         try:
@@ -250,7 +251,7 @@ class InflightScheduler(_Scheduler):
             beam = request.options.beam_size
             request.memory = {n: np.repeat(v[index:index + 1], beam, axis=0) for n, v in session.memory.items()}
             request.state = {n: np.repeat(v[index:index + 1], beam, axis=0) for n, v in session.state.items()}
-            endings, banned = request.rules
+            endings, banned, _ = request.rules
             request.search = BeamSearch(1, request.options, bad_ending_ids=endings, banned_ids=banned)
             self.ready.put(request)  # blocks while the step loop is max_batch photos behind: backpressure
 
@@ -309,8 +310,9 @@ class InflightScheduler(_Scheduler):
         if not finished:
             return
         for request in finished:
-            found = request.search.result()[0][: request.options.n_best]
-            request.future.set_result(Answer(caption_of(None, found, self.captioner.vocab), request.times))
+            found = meeting(request.search.result()[0], request.rules[2])[: request.options.n_best]
+            caption = caption_of(None, found, self.captioner.vocab, request.options.require_words)
+            request.future.set_result(Answer(caption, request.times))
             self.rows_in_flight -= request.rows
         staying = [r for r in cohort.requests if not r.search.done]
         if staying:
@@ -348,7 +350,8 @@ class StaticScheduler(_Scheduler):
             for request, hypotheses in zip(batch, found, strict=True):
                 request.times.queue_s, request.times.steps_s = start - request.submitted, seconds
                 request.times.encoder_batch = len(batch)
-                request.future.set_result(Answer(caption_of(None, hypotheses, self.captioner.vocab), request.times))
+                caption = caption_of(None, hypotheses, self.captioner.vocab, request.options.require_words)
+                request.future.set_result(Answer(caption, request.times))
 
     def _batch(self) -> list[_Request]:
         pending, self.held = self.held, []

@@ -46,6 +46,7 @@ class Caption:
     text: str
     hypothesis: Hypothesis
     alternatives: tuple[str, ...] = ()  # with n_best > 1: the next best captions, best first
+    unmet_words: tuple[str, ...] = ()  # require_words no caption the search found could hold
 
     @property
     def words(self) -> tuple[str, ...]:
@@ -131,10 +132,13 @@ class Captioner:
 
     def _caption_batch(self, images: Sequence[Path | None], pixels: np.ndarray,
                        options: SearchOptions) -> list[Caption]:
-        return [caption_of(image, found, self.vocab)
+        return [caption_of(image, found, self.vocab, options.require_words)
                 for image, found in zip(images, self.search_n(pixels, options), strict=True)]
 
 
-def caption_of(image: Path | None, found: Sequence[Hypothesis], vocab: Vocab) -> Caption:
-    """The best of an image's hypotheses as its caption, the others as its alternatives."""
-    return Caption(image, vocab.decode(found[0].tokens), found[0], tuple(vocab.decode(h.tokens) for h in found[1:]))
+def caption_of(image: Path | None, found: Sequence[Hypothesis], vocab: Vocab, required: Sequence[str] = ()) -> Caption:
+    """The best of an image's hypotheses as its caption, the others as its alternatives, and the ``required`` words
+    it lacks."""
+    text = vocab.decode(found[0].tokens)
+    unmet = tuple(w for w in required if w not in text.split())
+    return Caption(image, text, found[0], tuple(vocab.decode(h.tokens) for h in found[1:]), unmet)

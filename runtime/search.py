@@ -63,6 +63,7 @@ class SearchOptions:
     bad_endings: tuple[str, ...] = DEFAULT_BAD_ENDINGS  # eos is banned right after these words
     learned_endings: bool = False  # ban instead the endings the model's training captions (almost) never had
     ban_words: tuple[str, ...] = ()  # words never emitted
+    require_words: tuple[str, ...] = ()  # the best caption found holding all of them is chosen; else it says which not
     n_best: int = 1  # captions returned per image, best first (at most beam_size; with sample, the samples)
     patience: float = 1.0  # an image is done once patience x beam_size captions have ended (<1 stops sooner)
     groups: int = 1  # diverse beam search: beam_size / groups beams per group, each group penalised for the
@@ -96,7 +97,7 @@ class SearchOptions:
         if not self.sample and self.n_best > self.beam_size:
             raise ValueError(f"SearchOptions.n_best ({self.n_best}) exceeds beam_size ({self.beam_size}): a beam "
                              "search keeps beam_size captions")
-        for name in ("bad_endings", "ban_words"):
+        for name in ("bad_endings", "ban_words", "require_words"):
             words = getattr(self, name)
             if isinstance(words, str):
                 raise TypeError(f"SearchOptions.{name} must be a tuple of words, got the string {words!r}")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgecap.errors import EdgecapError
-from edgecap.runtime.decoding import decode, word_rules
+from edgecap.runtime.decoding import decode, meeting, required_ids, word_rules
 from edgecap.runtime.search import SearchOptions, beam_search
 from edgecap.vocab import BOS, EOS, SPECIALS, Vocab
 from tests.runtime.test_search import NO_ENDINGS, FakeSession, path_logprob, prefix_model, table_model
@@ -94,6 +94,43 @@ def test_banned_words_are_never_said_and_unknown_ones_are_refused():
     assert not {w for f in kept for w in f[0].tokens} & set(said[:3])
     with pytest.raises(EdgecapError, match="zebra not in the model's vocabulary"):
         word_rules(WORDS, SearchOptions(ban_words=("zebra",)))
+
+
+def test_required_words_choose_the_best_caption_that_holds_them_or_say_they_were_not_met():
+    model = prefix_model(40, seed=2, eos_bias=0.5)
+    options = replace(NO_ENDINGS, beam_size=4, n_best=4)
+    found = run(model, options)[0]
+    best_words = set(found[0].tokens)
+    # a word some other caption the search found has and the best one lacks
+    word = next(w for h in found[1:] for w in h.tokens if w not in best_words)
+    wanted = replace(options, require_words=(WORDS.words[word],))
+    ranked = [h.tokens for h in run(model, wanted)[0]]
+    holders = [h.tokens for h in found if word in h.tokens]
+    assert ranked[0] == holders[0] and [t for t in ranked if word not in t] == \
+        [h.tokens for h in found if word not in h.tokens]  # the rest keep their order
+    absent = next(w for w in range(4, 40) if all(w not in h.tokens for h in found))
+    unmet = run(model, replace(options, require_words=(WORDS.words[absent],)))[0]
+    assert [h.tokens for h in unmet] == [h.tokens for h in found]  # nothing holds it: the search's own order
+    assert meeting(found, frozenset()) is found
+    with pytest.raises(EdgecapError, match="require_words: zebra not in the model's vocabulary"):
+        required_ids(WORDS, SearchOptions(require_words=("zebra",)))
+
+
+def test_a_caption_says_which_required_words_it_lacks():
+    from edgecap.config import DEFAULT_EXPORT
+    from edgecap.preprocess import SAMPLE_IMAGES
+    from edgecap.runtime.pipeline import Captioner
+
+    pytest.importorskip("onnxruntime", reason="the shipped export runs on onnxruntime")
+    captioner = Captioner.from_dir(DEFAULT_EXPORT)
+    photo = SAMPLE_IMAGES / "dog.jpg"
+    plain = captioner.caption([photo], SearchOptions(beam_size=3, n_best=3))[0]
+    other = next(w for text in plain.alternatives for w in text.split() if w not in plain.text.split())
+    held = captioner.caption([photo], SearchOptions(beam_size=3, require_words=(other,)))[0]
+    assert other in held.text.split() and held.unmet_words == ()
+    missing = captioner.caption([photo], SearchOptions(beam_size=3, require_words=("elephant", other)))[0]
+    assert missing.unmet_words in (("elephant",), ("elephant", other)) and missing.text == plain.text
+    assert SearchOptions().overridden(["require_words=dog+grass"]).require_words == ("dog", "grass")
 
 
 def test_learned_endings_come_from_the_training_captions():
