@@ -169,6 +169,9 @@ class Gate:
                     message["headers"] = [*message.get("headers", []), (b"retry-after", str(RETRY_AFTER_S).encode())]
             await send(message)
 
+        if path == "/caption":  # the body is JSON whatever its Content-Type says (curl -d sends a form's)
+            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+                     + [(b"content-type", b"application/json")]}
         length = dict(scope["headers"]).get(b"content-length", b"")
         declared = int(length) if length.isdigit() else 0  # uvicorn refuses a malformed length itself
         if path == "/caption" and self.draining.is_set():
@@ -236,9 +239,22 @@ async def _metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
+class _LitServer(ls.LitServer):
+    """LitServe's server, with its queue manager deaf to SIGTERM: systemd (and `pkill`, `timeout`) signal every
+    process of the service at once, and a manager that died then would take the answers in flight with it. It stops
+    when LitServe shuts it down, after the drain."""
+
+    def _init_manager(self, num_api_servers: int):
+        handler = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the manager process is forked here
+        try:
+            return super()._init_manager(num_api_servers)
+        finally:
+            signal.signal(signal.SIGTERM, handler)
+
+
 def build_server(options: ServeOptions, draining, in_flight) -> ls.LitServer:
     max_body = int(options.max_body_mb * 2**20)
-    server = ls.LitServer(CaptionAPI(options), accelerator="cpu", devices=1, workers_per_device=1, timeout=False,
+    server = _LitServer(CaptionAPI(options), accelerator="cpu", devices=1, workers_per_device=1, timeout=False,
                           middlewares=[(Gate, {"draining": draining, "in_flight": in_flight, "max_body": max_body})])
     server.app.add_exception_handler(RequestValidationError, _invalid_request)
     server.app.add_api_route("/metrics", _metrics, methods=["GET"])

@@ -41,7 +41,8 @@ class Served:
     def __init__(self, *flags: str):
         self.port = _free_port()
         self.process = subprocess.Popen([sys.executable, "-m", "edgecap", "serve", "--port", str(self.port), *flags],
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        start_new_session=True)  # a group of its own, as a service manager gives
         self.client = Client(f"http://127.0.0.1:{self.port}", timeout=60)
         stop = time.monotonic() + 120
         while not self.client.health():
@@ -148,6 +149,13 @@ def test_a_bad_request_is_a_client_error_and_the_server_keeps_serving(served, ex
     assert served.client.caption(PHOTOS[0].read_bytes())["caption"] == expected[PHOTOS[0].name][0]
 
 
+def test_a_json_body_is_read_as_json_whatever_its_content_type(served, expected):
+    body = json.dumps({"image": base64.b64encode(PHOTOS[0].read_bytes()).decode()}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{served.port}/caption", data=body)  # curl -d's form type
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert json.loads(response.read())["caption"] == expected[PHOTOS[0].name][0]
+
+
 @pytest.mark.parametrize("body", [b"", b"not json", b"[1, 2]"], ids=["empty body", "not json", "not an object"])
 def test_a_body_that_is_not_a_json_object_is_a_client_error(served, body):
     status, detail = _post(served.port, body)
@@ -209,9 +217,10 @@ def test_metrics_count_captions_stages_and_rejects(served):
 
 
 @pytest.mark.slow
-def test_sigterm_answers_the_captions_in_flight_and_refuses_new_ones():
+@pytest.mark.parametrize("whole_group", [False, True], ids=["main process (docker stop)", "every process (systemd)"])
+def test_sigterm_answers_the_captions_in_flight_and_refuses_new_ones(whole_group):
     """Every request gets a caption or a "shutting down" 503, captions still finish after the signal, and the
-    server exits cleanly."""
+    server exits cleanly, whether SIGTERM reaches the main process alone or every process of the service."""
     server = Served("--queue", "64")
     outcomes, lock = [], threading.Lock()
 
@@ -228,7 +237,10 @@ def test_sigterm_answers_the_captions_in_flight_and_refuses_new_ones():
         thread.start()
     time.sleep(0.3)  # the first requests are in flight
     signalled = time.monotonic()
-    server.process.send_signal(signal.SIGTERM)
+    if whole_group:
+        os.killpg(server.process.pid, signal.SIGTERM)
+    else:
+        server.process.send_signal(signal.SIGTERM)
     for thread in threads:
         thread.join()
     stderr = server.process.communicate(timeout=60)[1]
