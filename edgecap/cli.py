@@ -178,8 +178,8 @@ def export_model(
     calib_heldout_split: Annotated[Split, typer.Option(help="INT8: split of the held-out photos (parity --precision "
                                                             "int8 leaves them out)")] = Split.dev,
     calib_method: Annotated[CalibMethod, typer.Option(help="INT8: range selection")] = CalibMethod.max,
-    calib_max_delta: Annotated[float, typer.Option(help="INT8: |ΔCIDEr| allowed before layers are kept fp32")]
-    = INT8.max_delta,
+    calib_max_delta: Annotated[float, typer.Option(help="INT8: the ΔCIDEr margin; layers stay fp32 until its 95% "
+                                                        "interval clears -MARGIN")] = INT8.max_delta,
     int8_scheme: Annotated[Int8Scheme | None, typer.Option(help="INT8: tensorrt (symmetric, what TensorRT builds; the "
                                                                 "default) or ort-cpu (uint8 activations, fast on x86 "
                                                                 "CPUs)")] = None,
@@ -189,8 +189,7 @@ def export_model(
     calib_bias_correction: Annotated[bool, typer.Option(
         "--calib-bias-correction", help="INT8: take each layer's mean INT8 error out of its bias (slower export)")]
     = False,
-    trt: Annotated[bool, typer.Option("--trt", help="Also build TensorRT engines of these precisions (NVIDIA GPU)")]
-    = False,
+    trt: Annotated[bool, typer.Option("--trt", help="Also build TensorRT engines (NVIDIA GPU)")] = False,
     max_batch: Annotated[int, typer.Option(help="TensorRT: most images per caption call", min=1)] = ENGINES.max_batch,
     opt_batch: Annotated[int, typer.Option(help="TensorRT: images per call the engines are tuned for", min=1)]
     = ENGINES.opt_batch,
