@@ -142,8 +142,7 @@ class CaptionAPI(ls.LitAPI):
         except TimeoutError:
             raise HTTPException(504, f"no caption within the deadline of {deadline:g} s; raise deadline_s or send "
                                      "fewer requests at once") from None
-        scheduler = self.scheduler
-        self.metrics.record(answer.times, decode_s, getattr(scheduler, "rows_in_flight", 0), scheduler.waiting.qsize())
+        self.metrics.record(answer.times, decode_s, self.scheduler.rows_in_flight, self.scheduler.waiting.qsize())
         return answer_json(answer, decode_s, time.perf_counter() - arrived)
 
     async def encode_response(self, output: dict) -> dict:

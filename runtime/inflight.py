@@ -63,7 +63,8 @@ class StageTimes:
 class _Request:
     pixels: np.ndarray  # float32 (3, H, W)
     options: SearchOptions
-    rules: tuple[frozenset[int], frozenset[int], frozenset[int]]  # the options' bad-ending, banned, required ids
+    rules: tuple[frozenset[int], frozenset[int]]  # the options' (bad-ending, banned-word) ids, from word_rules
+    required: frozenset[int]  # the ids of its require_words, which choose among its finished hypotheses
     future: Future
     submitted: float
     times: StageTimes = field(default_factory=StageTimes)
@@ -145,6 +146,8 @@ class _Cohort:
 class _Scheduler:
     """A bounded queue of requests and the one thread that answers them."""
 
+    rows_in_flight = 0  # step rows (images x beam) of the requests being decoded, where the scheduler counts them
+
     def __init__(self, captioner: Captioner, options: SchedulerOptions):
         self.captioner, self.options = captioner, options
         self.waiting: queue.Queue[_Request] = queue.Queue(maxsize=options.queue)
@@ -162,9 +165,9 @@ class _Scheduler:
             raise EdgecapError(f"beam {options.beam_size} needs more rows than the scheduler's max_rows "
                                f"{self.options.max_rows}")
         check_options(self.captioner.manifest, options)
-        vocab = self.captioner.vocab
-        rules = (*word_rules(vocab, options), required_ids(vocab, options))  # unknown words refused here, not later
-        request = _Request(np.asarray(pixels, dtype=np.float32), options, rules, Future(), time.perf_counter())
+        vocab = self.captioner.vocab  # unknown words are refused here, not in the loop
+        request = _Request(np.asarray(pixels, dtype=np.float32), options, word_rules(vocab, options),
+                           required_ids(vocab, options), Future(), time.perf_counter())
         request.future.set_running_or_notify_cancel()  # taken: a caller's cancel() cannot break the loop's answer
         try:
             self.waiting.put_nowait(request)
@@ -251,7 +254,7 @@ class InflightScheduler(_Scheduler):
             beam = request.options.beam_size
             request.memory = {n: np.repeat(v[index:index + 1], beam, axis=0) for n, v in session.memory.items()}
             request.state = {n: np.repeat(v[index:index + 1], beam, axis=0) for n, v in session.state.items()}
-            endings, banned, _ = request.rules
+            endings, banned = request.rules
             request.search = BeamSearch(1, request.options, bad_ending_ids=endings, banned_ids=banned)
             self.ready.put(request)  # blocks while the step loop is max_batch photos behind: backpressure
 
@@ -310,7 +313,7 @@ class InflightScheduler(_Scheduler):
         if not finished:
             return
         for request in finished:
-            found = meeting(request.search.result()[0], request.rules[2])[: request.options.n_best]
+            found = meeting(request.search.result()[0], request.required)[: request.options.n_best]
             caption = caption_of(None, found, self.captioner.vocab, request.options.require_words)
             request.future.set_result(Answer(caption, request.times))
             self.rows_in_flight -= request.rows
