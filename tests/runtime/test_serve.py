@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("litserve", reason="edgecap serve needs litserve (pip install 'edgecap[serve]')")
 
-from edgecap.client import Client, ServerBusy, ServerError  # noqa: E402
+from edgecap.client import Client, ServerBusy, ServerError, ServerUnreachable  # noqa: E402
 from edgecap.config import DEFAULT_EXPORT  # noqa: E402
 from edgecap.preprocess import SAMPLE_IMAGES  # noqa: E402
 from edgecap.runtime.pipeline import Captioner  # noqa: E402
@@ -219,8 +219,10 @@ def test_metrics_count_captions_stages_and_rejects(served):
 @pytest.mark.slow
 @pytest.mark.parametrize("whole_group", [False, True], ids=["main process (docker stop)", "every process (systemd)"])
 def test_sigterm_answers_the_captions_in_flight_and_refuses_new_ones(whole_group):
-    """Every request gets a caption or a "shutting down" 503, captions still finish after the signal, and the
-    server exits cleanly, whether SIGTERM reaches the main process alone or every process of the service."""
+    """Every request gets a caption or a refusal, captions still finish after the signal, and the server exits
+    cleanly, whether SIGTERM reaches the main process alone or every process of the service. Signalled itself, the
+    HTTP process stops listening at once, so a request that had not connected yet is refused by the socket instead
+    of a "shutting down" 503."""
     server = Served("--queue", "64")
     outcomes, lock = [], threading.Lock()
 
@@ -229,6 +231,8 @@ def test_sigterm_answers_the_captions_in_flight_and_refuses_new_ones(whole_group
             outcome = server.client.caption(PHOTOS[4].read_bytes())["caption"]
         except ServerBusy as busy:
             outcome = busy.reason
+        except ServerUnreachable as unreachable:
+            outcome = f"shutting down ({unreachable})" if whole_group else str(unreachable)
         with lock:
             outcomes.append((outcome, time.monotonic()))
 
