@@ -272,8 +272,8 @@ def serve(options: ServeOptions) -> None:
     main = os.getpid()
 
     def drain(signum, frame) -> None:
-        if os.getpid() != main:  # an HTTP process inherits this by fork; uvicorn re-raises the signal once done
-            raise SystemExit(0)
+        if os.getpid() != main:  # an HTTP process inherits this by fork; uvicorn re-raises the signal once it has
+            return  # stopped serving, and the process then ends on its own (an exception here would race its loop)
         draining.set()
         stop = time.monotonic() + options.grace_s
         while in_flight.value > 0 and time.monotonic() < stop:
