@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from edgecap.config import EncoderConfig
+from edgecap.config import DEFAULT_MODEL, EncoderConfig
 from edgecap.errors import ModelError
 from edgecap.models import MODELS, build_model
 from edgecap.models.caption_model import CaptionModel
@@ -23,10 +23,9 @@ from edgecap.models.encoder import build_encoder
 from edgecap.preprocess import Preprocessing
 from edgecap.runtime.manifest import Manifest, file_sha256
 from edgecap.vocab import Vocab
-from edgecap.weight_storage import require_int8_scales, stored_weights
+from edgecap.weight_storage import require_int8_scales, stored_weights, weights_digest
 
 FORMAT = "edgecap-checkpoint/1"
-DEFAULT_MODEL = Path(__file__).resolve().parent / "assets" / "default" / "model.pt"
 
 
 @dataclass
@@ -119,6 +118,7 @@ def load_model(path: Path | None = None) -> LoadedModel:
         encoder = build_encoder(encoder_config, pretrained=payload["encoder"] is None)
         if payload["encoder"] is not None:
             encoder.load_state_dict(stored_weights(payload["encoder"]))
+        require_encoder(payload, encoder, path)
         decoder = build_model(model_id, payload["model_config"])
         decoder.load_state_dict(stored_weights(payload["decoder"]))
         vocab, prep = Vocab.from_json(payload["vocab"]), Preprocessing.from_json(payload["preprocessing"])
@@ -128,6 +128,15 @@ def load_model(path: Path | None = None) -> LoadedModel:
                          "re-run edgecap train") from None
     return LoadedModel(model=CaptionModel(encoder, decoder).eval(), model_id=model_id, vocab=vocab, prep=prep,
                        encoder_config=encoder_config, path=path, metrics=payload.get("metrics", {}))
+
+
+def require_encoder(payload: dict, encoder: torch.nn.Module, path: Path) -> None:
+    """A decoder stored without the encoder it shares (``ship_model.py``) gets the very weights it trained on, or a
+    ModelError naming the file."""
+    recorded = payload.get("encoder_digest")
+    if recorded and weights_digest(encoder.state_dict()) != recorded:
+        raise ModelError(f"{path}: this decoder was trained on another shipped encoder than this install's; "
+                         "reinstall edgecap, or re-ship the model with its own encoder")
 
 
 def checkpoint_file(path: Path | None) -> Path:

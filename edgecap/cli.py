@@ -42,6 +42,7 @@ from edgecap.cli_options import (
     SearchItems,
     Split,
     choice_value,
+    one_model,
     parse_ints,
     parse_list,
     search_flags,
@@ -49,6 +50,7 @@ from edgecap.cli_options import (
 from edgecap.errors import EdgecapError, ImageError
 from edgecap.runtime.engines import EngineOptions
 from edgecap.runtime.manifest import PRECISIONS
+from edgecap.shipped import model_path
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Image captioning from PyTorch training to fast, verified inference. Bad input gets one line "
@@ -92,8 +94,9 @@ def train(
 
 @app.command("eval")
 def evaluate(
-    data: Data, run: RunOrExport = None, split: Annotated[str, typer.Option(help="Split to score")] = "dev",
-    backend: ChosenBackend = None, precision: ExportPrecision = None, device: OrtDevice = Device.cpu,
+    data: Data, run: RunOrExport = None, model: ModelPath = None,
+    split: Annotated[str, typer.Option(help="Split to score")] = "dev", backend: ChosenBackend = None,
+    precision: ExportPrecision = None, device: OrtDevice = Device.cpu,
     beam: Beam = 3, length_penalty: LengthPenalty = 0.0, block_trigrams: BlockTrigrams = False,
     search: SearchItems = None, max_images: MaxImages = 0, json_out: Annotated[Path | None, typer.Option(
         "--json", help="Write the metrics and captions as JSON")] = None,
@@ -103,7 +106,7 @@ def evaluate(
     from edgecap.model_source import evaluate as run_eval
     from edgecap.report import eval_json, eval_table, write_json
 
-    source = ModelSource.choose(run, choice_value(backend), choice_value(precision), device.value)
+    source = ModelSource.choose(one_model(run, model), choice_value(backend), choice_value(precision), device.value)
     result = run_eval(source, data, split, search_flags(beam, length_penalty, block_trigrams, search),
                       max_images=max_images, say=typer.echo)
     typer.echo(eval_table(result))
@@ -160,8 +163,10 @@ def caption(
 
 @app.command("export")
 def export_model(
-    run: Annotated[Path | None, typer.Argument(help="Run directory or checkpoint (default: the shipped model); an "
-                                                    "export directory with --trt: engines only, no torch")] = None,
+    run: Annotated[Path | None, typer.Argument(help="Run directory, checkpoint or shipped architecture (default: the "
+                                                    "shipped model); an export directory with --trt: engines only, no "
+                                                    "torch", callback=model_path, show_default=False)] = None,
+    model: ModelPath = None,
     out: Annotated[Path, typer.Option(help="Export directory")] = Path("exports/default"),
     beam: Annotated[int, typer.Option(help="Largest beam the runtime will use", min=1)] = 3,
     target: Annotated[str | None, typer.Option(help="Pick precisions, INT8 scheme and graphs for a device: cpu "
@@ -196,19 +201,17 @@ def export_model(
 ) -> None:
     """Export the encoder and single-step decoder to ONNX, validated against PyTorch; --trt builds engines."""
     from edgecap.export.pipeline import ExportOptions, add_engines, export_run
-    from edgecap.export.target import target_options
     from edgecap.model_source import is_export
     from edgecap.report import export_lines
 
-    precisions = parse_list(precision or "fp32", PRECISIONS, "--precision")
+    run = one_model(run, model)
     int8 = Int8Options(calib_data, calib_images, calib_heldout, calib_heldout_split.value, calib_method.value,
                        calib_max_delta, choice_value(int8_scheme) or "tensorrt",
                        parse_list(int8_graphs or ",".join(GRAPHS), GRAPHS, "--int8-graphs"), calib_bias_correction,
                        beam=beam) if calib_data else None
-    if target is not None:
-        given = {"--precision": precision, "--int8-scheme": int8_scheme, "--int8-graphs": int8_graphs,
-                 "--calib-bias-correction": calib_bias_correction or None}
-        precisions, int8 = target_options(target, int8, given)
+    precisions, int8 = export_precisions(precision, target, int8, {
+        "--precision": precision, "--int8-scheme": int8_scheme, "--int8-graphs": int8_graphs,
+        "--calib-bias-correction": calib_bias_correction or None})
     engines = EngineOptions(max_batch=max_batch, opt_batch=opt_batch, beam=beam) if trt else None
     if trt and is_export(run):  # graphs made elsewhere, e.g. on an x86 host for a Jetson
         add_engines(run, precisions, engines, say=typer.echo)
@@ -219,6 +222,17 @@ def export_model(
     typer.echo("\n".join(export_lines(manifest, out)))
     if manifest.int8_refused:
         raise typer.Exit(1)
+
+
+def export_precisions(precision: str | None, target: str | None, int8: Int8Options | None,
+                      given: dict) -> tuple[tuple[str, ...], Int8Options | None]:
+    """The graphs to write and the INT8 options: ``--precision`` as given, or what ``--target`` picks (which refuses
+    the ``given`` flags it decides itself)."""
+    if target is None:
+        return parse_list(precision or "fp32", PRECISIONS, "--precision"), int8
+    from edgecap.export.target import target_options
+
+    return target_options(target, int8, given)
 
 
 @app.command()

@@ -17,6 +17,7 @@ from edgecap.model_source import BACKENDS, DEVICES
 from edgecap.models import MODELS
 from edgecap.runtime.engines import EngineOptions
 from edgecap.runtime.manifest import PRECISIONS
+from edgecap.shipped import model_path
 
 if TYPE_CHECKING:
     from edgecap.runtime.search import SearchOptions
@@ -53,10 +54,10 @@ def parse_ints(value: str, option: str) -> tuple[int, ...]:
 
 Data = Annotated[str, typer.Option(help="Dataset spec: flickr8k:DIR, folder:DIR, karpathy:FILE.json[:ROOT], "
                                         "coco:DIR_OR_JSON[:ROOT], shapes")]
-ModelPath = Annotated[Path | None, typer.Option("--model", help="Run directory, checkpoint or export directory "
-                                                                 "(default: the shipped model)")]
-RunOrExport = Annotated[Path | None, typer.Argument(help="Run directory, checkpoint or export directory "
-                                                         "(default: the shipped model)")]
+_MODEL_HELP = ("Run directory, checkpoint, export directory, or a shipped architecture: sat (the default), spca, "
+               "stackcap, glied, a2 (those this install ships: docs/models.md)")
+ModelPath = Annotated[Path | None, typer.Option("--model", help=_MODEL_HELP, callback=model_path)]
+RunOrExport = Annotated[Path | None, typer.Argument(help=_MODEL_HELP, callback=model_path, show_default=False)]
 ExportDir = Annotated[Path, typer.Argument(help="Export directory made by `edgecap export`")]
 ChosenBackend = Annotated[Backend | None, typer.Option(help="torch for a run or checkpoint; ort (default), openvino "
                                                             "or trt for an export directory, which needs no torch")]
@@ -85,6 +86,13 @@ def search_flags(beam: int, length_penalty: float, block_trigrams: bool, items: 
                              block_trigrams=block_trigrams).overridden(items or [])
     except (TypeError, ValueError) as err:
         raise EdgecapError(f"--search: {err}") from None
+
+
+def one_model(run: Path | None, model: Path | None) -> Path | None:
+    """The model named by a RUN argument or by ``--model``, which mean the same; both at once is refused."""
+    if run is not None and model is not None:
+        raise EdgecapError(f"two models given ({run} and --model {model}): pass one, as RUN or as --model")
+    return run if run is not None else model
 
 
 def choice_value(choice: Enum | None) -> str | None:

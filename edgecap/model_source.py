@@ -47,9 +47,13 @@ def is_export(path: Path | None) -> bool:
 def describe(path: Path | None) -> str:
     """How a report names the model: the path, or the shipped default's file."""
     from edgecap.config import DEFAULT_EXPORT, DEFAULT_MODEL
+    from edgecap.shipped import DEFAULT_ID, shipped_id
 
     if path is not None and Path(path) == DEFAULT_EXPORT:
         return f"the shipped default's export ({DEFAULT_EXPORT})"
+    architecture = shipped_id(path)
+    if path is not None and architecture not in (None, DEFAULT_ID):
+        return f"the shipped {architecture} model ({path})"
     if path is not None:
         return str(path)
 

@@ -9,6 +9,7 @@ see exactly the weights that PyTorch runs.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -58,3 +59,14 @@ def stored_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             weights[name] = value.float() if value.is_floating_point() else value
     return weights
+
+
+def weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 of a state dict's names and fp32 values: a decoder that shares the shipped encoder records it, so a
+    re-shipped encoder cannot silently change what that decoder sees."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        value = state[name].detach().cpu()
+        digest.update(name.encode())
+        digest.update((value.float() if value.is_floating_point() else value).contiguous().numpy().tobytes())
+    return digest.hexdigest()

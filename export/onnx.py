@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from edgecap import spec
-from edgecap.checkpoint import DEFAULT_MODEL, LoadedModel, checkpoint_file
+from edgecap.checkpoint import LoadedModel, checkpoint_file
+from edgecap.config import DEFAULT_MODEL
 from edgecap.errors import EdgecapError
 from edgecap.export.graphs import EncoderGraph, StepGraph, tensor_names
 from edgecap.runtime.backends.ort import cpu_session

@@ -1,4 +1,4 @@
-"""scripts/ship_default.py, which turns a run into the shipped default: fp16 or INT8 weights that load (as a model
+"""scripts/ship_model.py, which turns a run into the shipped default: fp16 or INT8 weights that load (as a model
 and as another run's encoder.weights), and a card that names the architecture and the command."""
 import subprocess
 import sys
@@ -10,7 +10,7 @@ import torch
 from tests.helpers import invoke
 from tests.needs import needs_scoring
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ship_default.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ship_model.py"
 
 
 @needs_scoring
