@@ -20,6 +20,7 @@ from edgecap.calib.options import GRAPHS, Int8Options
 from edgecap.cli_options import (
     ENGINES,
     INT8,
+    TRITON_ORT,
     Beam,
     BlockTrigrams,
     CalibMethod,
@@ -41,6 +42,7 @@ from edgecap.cli_options import (
     RunOrExport,
     SearchItems,
     Split,
+    TritonGraphs,
     choice_value,
     one_model,
     parse_ints,
@@ -185,22 +187,21 @@ def export_model(
     calib_method: Annotated[CalibMethod, typer.Option(help="INT8: range selection")] = CalibMethod.max,
     calib_max_delta: Annotated[float, typer.Option(help="INT8: the ΔCIDEr margin; layers stay fp32 until its 95% "
                                                         "interval clears -MARGIN")] = INT8.max_delta,
-    int8_scheme: Annotated[Int8Scheme | None, typer.Option(help="INT8: tensorrt (symmetric, what TensorRT builds; the "
-                                                                "default) or ort-cpu (uint8 activations, fast on x86 "
-                                                                "CPUs)")] = None,
-    int8_graphs: Annotated[str | None, typer.Option(help="INT8: graphs to quantise, comma-separated: encoder,step (the "
-                                                         "default); one left out runs fp16 (fp32 if not exported) in "
-                                                         "the int8 set")] = None,
-    calib_bias_correction: Annotated[bool, typer.Option(
-        "--calib-bias-correction", help="INT8: take each layer's mean INT8 error out of its bias (slower export)")]
-    = False,
+    int8_scheme: Annotated[Int8Scheme | None, typer.Option(help="INT8: tensorrt (symmetric, what TensorRT builds; "
+                                                                "default) or ort-cpu (uint8, fast on x86)")] = None,
+    int8_graphs: Annotated[str | None, typer.Option(help="INT8: graphs to quantise: encoder,step (default); one left "
+                                                         "out runs fp16 (else fp32) in the int8 set")] = None,
+    calib_bias_correction: Annotated[bool, typer.Option("--calib-bias-correction", help="INT8: take each layer's mean "
+                                                        "INT8 error out of its bias (slower export)")] = False,
     trt: Annotated[bool, typer.Option("--trt", help="Also build TensorRT engines (NVIDIA GPU)")] = False,
     max_batch: Annotated[int, typer.Option(help="TensorRT: most images per caption call", min=1)] = ENGINES.max_batch,
     opt_batch: Annotated[int, typer.Option(help="TensorRT: images per call the engines are tuned for", min=1)]
     = ENGINES.opt_batch,
+    triton: Annotated[Path | None, typer.Option(help="Also write a Triton model repository here (serving.md)")] = None,
+    triton_graphs: Annotated[TritonGraphs, typer.Option(help="--triton: what runs the graphs")] = TRITON_ORT,
 ) -> None:
-    """Export the encoder and single-step decoder to ONNX, validated against PyTorch; --trt builds engines."""
-    from edgecap.export.pipeline import ExportOptions, add_engines, export_run
+    """Export the encoder and single-step decoder to ONNX, validated against PyTorch (--trt: engines, --triton)."""
+    from edgecap.export.pipeline import ExportOptions, export_run
     from edgecap.model_source import is_export
     from edgecap.report import export_lines
 
@@ -213,15 +214,30 @@ def export_model(
         "--precision": precision, "--int8-scheme": int8_scheme, "--int8-graphs": int8_graphs,
         "--calib-bias-correction": calib_bias_correction or None})
     engines = EngineOptions(max_batch=max_batch, opt_batch=opt_batch, beam=beam) if trt else None
-    if trt and is_export(run):  # graphs made elsewhere, e.g. on an x86 host for a Jetson
-        add_engines(run, precisions, engines, say=typer.echo)
-        return
+    if is_export(run) and (trt or triton):  # graphs made elsewhere, e.g. on an x86 host for a Jetson
+        return add_to_export(run, precisions, engines, triton, triton_graphs.value)
     options = ExportOptions(precisions, beam, int8 if "int8" in precisions else None, engines, target=target,
                             target_photos=target_photos)
     manifest = export_run(run, out, options, say=typer.echo)
     typer.echo("\n".join(export_lines(manifest, out)))
     if manifest.int8_refused:
         raise typer.Exit(1)
+    add_to_export(out, precisions, None, triton, triton_graphs.value)
+
+
+def add_to_export(export_dir: Path, precisions: tuple[str, ...], engines: EngineOptions | None, triton: Path | None,
+                  triton_graphs: str) -> None:
+    """What --trt and --triton add to an export directory: TensorRT engines built on this GPU, a Triton repository."""
+    if engines is not None:
+        from edgecap.export.pipeline import add_engines
+
+        add_engines(export_dir, precisions, engines, say=typer.echo)
+    if triton is not None:
+        from edgecap.runtime.triton_repository import write_repository
+
+        write_repository(export_dir, triton, graphs=triton_graphs)
+        typer.echo(f"triton repository: {triton} (models edgecap, edgecap_encoder, edgecap_step; serve it with "
+                   f"`tritonserver --model-repository {triton.resolve()}`)")
 
 
 def export_precisions(precision: str | None, target: str | None, int8: Int8Options | None,

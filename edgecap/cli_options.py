@@ -17,6 +17,7 @@ from edgecap.model_source import BACKENDS, DEVICES
 from edgecap.models import MODELS
 from edgecap.runtime.engines import EngineOptions
 from edgecap.runtime.manifest import PRECISIONS
+from edgecap.runtime.triton_repository import GRAPH_BACKENDS
 from edgecap.shipped import model_path
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ def choices(name: str, values) -> type[Enum]:
 ModelId, PresetName, Split = choices("ModelId", MODELS), choices("PresetName", PRESETS), choices("Split", SPLITS)
 Backend, Device, Precision = choices("Backend", BACKENDS), choices("Device", DEVICES), choices("Prec", PRECISIONS)
 CalibMethod, Int8Scheme = choices("CalibMethod", METHODS), choices("Int8Scheme", SCHEMES)
+TritonGraphs = choices("TritonGraphs", GRAPH_BACKENDS)
+TRITON_ORT = TritonGraphs["onnxruntime"]
 INT8, ENGINES = Int8Options(data=""), EngineOptions()
 
 def parse_list(value: str, allowed, option: str) -> tuple[str, ...]:

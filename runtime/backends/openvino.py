@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgecap import spec
 from edgecap.errors import ModelError
-from edgecap.runtime.backends.ort import OrtStepSession
+from edgecap.runtime.backends.ort import OrtStepSession, encode_with
 from edgecap.runtime.manifest import Manifest
 
 OPENVINO_DEVICES = ("CPU", "GPU", "NPU", "AUTO")
@@ -67,10 +66,7 @@ class OpenvinoBackend:
             raise ModelError(f"{directory}: OpenVINO cannot compile the {precision} graphs "
                              f"({str(err).strip().splitlines()[0][:160]})") from None
         self.manifest = manifest
-        self.output_names = [t.name for t in manifest.encoder_outputs]
 
     def encode(self, pixels: np.ndarray) -> OrtStepSession:
         """pixels float32 (N, 3, H, W) -> a session holding their memory and initial state."""
-        outputs = self.encoder.run(self.output_names, {spec.PIXELS: pixels.astype(np.float32)})
-        return OrtStepSession(self.step, self.manifest, dict(zip(self.output_names, outputs, strict=True)),
-                              binding_device=None)
+        return encode_with(self.encoder, self.step, self.manifest, pixels)

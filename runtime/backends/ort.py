@@ -164,10 +164,16 @@ class OrtBackend:
         # State stays on the GPU between steps; on the CPU binding buys nothing, so it is opt-in there.
         use_binding = device != "cpu" if io_binding is None else io_binding
         self.binding_device = ("cpu" if device == "cpu" else "cuda") if use_binding else None
-        self.output_names = [t.name for t in manifest.encoder_outputs]
 
     def encode(self, pixels: np.ndarray) -> OrtStepSession:
         """pixels float32 (N, 3, H, W) -> a session holding their memory and initial state."""
-        outputs = self.encoder.run(self.output_names, {spec.PIXELS: pixels.astype(np.float32)})
-        return OrtStepSession(self.step, self.manifest, dict(zip(self.output_names, outputs, strict=True)),
-                              binding_device=self.binding_device)
+        return encode_with(self.encoder, self.step, self.manifest, pixels, binding_device=self.binding_device)
+
+
+def encode_with(encoder, step, manifest: Manifest, pixels: np.ndarray, *,
+                binding_device: str | None = None) -> OrtStepSession:
+    """The step session of ``pixels`` (float32 (N, 3, H, W)) for any pair of graphs with ONNX Runtime's
+    ``run(output_names, feeds)`` call: ONNX Runtime's sessions, OpenVINO's compiled graphs, Triton's models."""
+    names = [t.name for t in manifest.encoder_outputs]
+    outputs = encoder.run(names, {spec.PIXELS: pixels.astype(np.float32)})
+    return OrtStepSession(step, manifest, dict(zip(names, outputs, strict=True)), binding_device=binding_device)
