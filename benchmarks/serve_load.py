@@ -8,6 +8,10 @@ captions per second, latency p50/p99, busy answers, and every caption checked ag
 same photo; the soak counts every request (caption, busy or error: none may be lost) and the server's memory.
 
     python benchmarks/serve_load.py EXPORT [--clients 1,4,16,64] [--rate 20] [--seconds 20] [--soak 600]
+        [--batching inflight,static] [--triton-url http://127.0.0.1:8000]
+
+``--triton-url`` loads a Triton server serving ``edgecap export EXPORT --triton``'s repository the same way (its
+dynamic batcher batches whole requests: the static batching users get from Triton).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgecap.client import Client, ServerBusy, ServerError, ServerUnreachable
+from edgecap.cli_options import parse_list
+from edgecap.client import Client, ServerBusy, ServerError, ServerUnreachable, TritonClient
 from edgecap.errors import EdgecapError
 from edgecap.preprocess import SAMPLE_IMAGES
 from edgecap.runtime.pipeline import Captioner
@@ -157,6 +162,15 @@ def soak(export: Path, port: int, photos, expected, beam: int, clients: int, sec
             "rss_mb_after_burst": round(after_burst, 1)}
 
 
+def rows(client, label: str, loads, photos, expected, args) -> None:
+    """One table row per load on one server."""
+    for name, run, load in loads:
+        tally = Tally(expected)
+        started = time.perf_counter()
+        run(client, photos, tally, args.beam, load, args.seconds)
+        print(tally.row(name, label, time.perf_counter() - started), flush=True)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("export", type=Path)
@@ -166,6 +180,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--soak", type=float, default=0.0, help="seconds of soak at 16 clients, then the burst")
     parser.add_argument("--beam", type=int, default=3)
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--batching", default="inflight,static", help="edgecap serve's schedulers to load ('': none)")
+    parser.add_argument("--triton-url", help="also load a running tritonserver serving `export --triton`'s repository")
     args = parser.parse_args(argv)
     files = sorted(SAMPLE_IMAGES.glob("*.jpg"))
     photos = [f.read_bytes() for f in files]
@@ -179,13 +195,14 @@ def main(argv: list[str]) -> None:
     loads = [(f"{n} clients", closed_loop, n) for n in (int(c) for c in args.clients.split(",") if c)]
     if args.rate:
         loads.append((f"Poisson {args.rate:g}/s", poisson, args.rate))
-    for batching in ("inflight", "static"):
+    for batching in parse_list(args.batching, ("inflight", "static"), "--batching") if args.batching else ():
         with Server(args.export, batching, args.port) as server:
-            for name, run, load in loads:
-                tally = Tally(expected)
-                started = time.perf_counter()
-                run(server.client, photos, tally, args.beam, load, args.seconds)
-                print(tally.row(name, batching, time.perf_counter() - started), flush=True)
+            rows(server.client, batching, loads, photos, expected, args)
+    if args.triton_url:
+        client = TritonClient(args.triton_url, timeout=120)
+        if not client.health():
+            raise EdgecapError(f"--triton-url {args.triton_url}: no ready Triton server with the edgecap model there")
+        rows(client, "Triton dynamic batching", loads, photos, expected, args)
     if args.soak:
         print("\nsoak:", json.dumps(soak(args.export, args.port, photos, expected, args.beam, 16, args.soak)))
 
