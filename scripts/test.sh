@@ -10,7 +10,7 @@ bash "$here/scripts/setup.sh"
 # tensor under numpy 2 (tests/triton_server.py).
 triton="${EDGECAP_TRITON_VENV:-$here/.venv-triton}"
 [ -x "$triton/bin/python" ] || python3 -m venv "$triton"
-"$triton/bin/pip" install -q --disable-pip-version-check "numpy<2" -e "$here[runtime]"
+"$triton/bin/pip" install -q --disable-pip-version-check "numpy<2" "tritonclient[grpc]>=2.50" -e "$here[runtime]"
 "$triton/bin/pip" install -q --disable-pip-version-check --no-deps "nvidia-pytriton==0.7.0"
 cd "$here"
 "${EDGECAP_VENV:-$here/.venv}/bin/python" -m pytest -n auto --dist loadscope "$@"

@@ -2,6 +2,7 @@
 ``nvidia-pytriton`` wheel bundles (Python backend only), started on free ports with the environment its Python stub
 needs, and stopped with the test."""
 
+import json
 import os
 import shutil
 import signal
@@ -10,11 +11,13 @@ import subprocess
 import time
 import urllib.request
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The server's Python models run in this environment's interpreter: numpy 1 (Triton 2.51's stub garbles every
-# tensor under numpy 2), edgecap's runtime, and the nvidia-pytriton wheel whose server binary the tests start.
+# tensor under numpy 2), edgecap's runtime, the nvidia-pytriton wheel whose server binary the tests start, and
+# Triton's own gRPC client.
 TRITON_VENV = Path(os.environ.get("EDGECAP_TRITON_VENV", REPO_ROOT / ".venv-triton"))
 
 
@@ -25,7 +28,8 @@ def _packages() -> Path | None:
 def missing() -> str | None:
     """Why these tests cannot start a server here, or None."""
     if _packages() is None:
-        return f"needs {TRITON_VENV} with nvidia-pytriton, numpy<2 and edgecap[runtime] (scripts/test.sh makes it)"
+        return (f"needs {TRITON_VENV} with nvidia-pytriton, numpy<2, tritonclient[grpc] and edgecap[runtime] "
+                "(scripts/test.sh makes it)")
     return None
 
 
@@ -53,9 +57,34 @@ def _ready(url: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Endpoints:
+    http: str  # base URL
+    grpc: str  # host:port
+
+
+def grpc_captions(grpc: str, photos: list[Path]) -> list[str]:
+    """The captions of ``photos`` asked over gRPC (KServe v2) with Triton's own client, from the Triton environment,
+    which has it (``tritonclient[grpc]``)."""
+    script = """
+import json, sys
+import numpy as np
+import tritonclient.grpc as grpc
+client, captions = grpc.InferenceServerClient(sys.argv[1]), []
+for path in sys.argv[2:]:
+    image = grpc.InferInput("IMAGE", [1, 1], "BYTES")
+    image.set_data_from_numpy(np.array([[open(path, "rb").read()]], dtype=object))
+    captions.append(client.infer("edgecap", [image]).as_numpy("CAPTION").reshape(-1)[0].decode())
+print(json.dumps(captions))
+"""
+    done = subprocess.run([str(TRITON_VENV / "bin" / "python"), "-c", script, grpc, *map(str, photos)],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
 @contextmanager
 def triton_server(repository: Path, workdir: Path, *, timeout: float = 120.0):
-    """Serve ``repository``; yields the HTTP base URL once every model is ready."""
+    """Serve ``repository``; yields its endpoints once every model is ready."""
     package = _packages()
     dist = workdir / "tritonserver"
     shutil.copytree(package / "tritonserver", dist, ignore=shutil.ignore_patterns("python_backend_stubs"))
@@ -81,7 +110,7 @@ def triton_server(repository: Path, workdir: Path, *, timeout: float = 120.0):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"tritonserver did not become ready:\n{(workdir / 'tritonserver.log').read_text()}")
             time.sleep(0.5)
-        yield url
+        yield Endpoints(url, f"127.0.0.1:{grpc}")
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:

@@ -11,7 +11,7 @@ from edgecap.runtime import Captioner, SearchOptions
 from edgecap.runtime.backends.ort import cpu_session
 from edgecap.runtime.manifest import Manifest
 from tests.helpers import SAMPLES, invoke
-from tests.triton_server import missing, triton_server
+from tests.triton_server import grpc_captions, missing, triton_server
 
 pytest.importorskip("onnx", reason="the Triton repository's step graph is rewritten with onnx (the export extra)")
 
@@ -56,8 +56,8 @@ def test_the_repository_holds_the_export_contract_and_its_step_graph_computes_th
 
 @pytest.mark.slow
 @pytest.mark.skipif(missing() is not None, reason=missing() or "")
-def test_tritonserver_captions_as_the_runtime_does_alone_and_under_load_and_refuses_bad_requests(tiny_export,
-                                                                                                 tmp_path):
+def test_tritonserver_captions_as_the_runtime_does_over_http_and_grpc_and_under_load_and_refuses_bad_requests(
+        tiny_export, tmp_path):
     export = tiny_export / "exp"
     code, output = invoke("export", str(export), "--triton", str(tmp_path / "repo"), "--triton-graphs", "python")
     assert code == 0, output
@@ -65,9 +65,10 @@ def test_tritonserver_captions_as_the_runtime_does_alone_and_under_load_and_refu
     captioner = Captioner.from_dir(export)
     expected = [c.text for c in captioner.caption(photos, SearchOptions())]
     expected_n_best = captioner.caption(photos[:1], SearchOptions(n_best=2, max_length=8))[0]
-    with triton_server(tmp_path / "repo", tmp_path) as url:
-        client = TritonClient(url)
+    with triton_server(tmp_path / "repo", tmp_path) as server:
+        client = TritonClient(server.http)
         assert [client.caption(p)["caption"] for p in photos] == expected
+        assert grpc_captions(server.grpc, photos) == expected
         answer = client.caption(photos[0].read_bytes(), n_best=2, max_length=8)
         assert answer["caption"] == expected_n_best.text
         assert answer["alternatives"] == list(expected_n_best.alternatives)
