@@ -80,9 +80,9 @@ def request_options(text: str | None) -> SearchOptions:
     try:
         fields = json.loads(text)
     except json.JSONDecodeError:
-        raise ValueError("OPTIONS is not JSON; send an object such as {\"beam_size\": 3}") from None
+        raise ValueError("OPTIONS is not JSON; send an object such as {\"beam\": 3}") from None
     if not isinstance(fields, dict):
-        raise ValueError("OPTIONS must be a JSON object of decoding options, e.g. {\"beam_size\": 3}")
+        raise ValueError("OPTIONS must be a JSON object of decoding options, e.g. {\"beam\": 3}")
     fields = {ALIASES.get(key, key): value for key, value in fields.items()}
     unknown = sorted(set(fields) - OPTION_FIELDS)
     if unknown:
