@@ -25,8 +25,8 @@ ARCHITECTURE_NAMES = {"sat": "Show, Attend and Tell", "spca": "SPCA", "stackcap"
 
 WEIGHT_FORMATS = {"fp16": "fp16",
                   "int8": f"decoder weight-only INT8 (matrices of {MIN_INT8_ELEMENTS:,}+ values as int8 with one "
-                          "fp16 scale per row, the rest and the encoder fp16; the scores below are of these rounded "
-                          "weights)"}
+                          "fp16 scale per row, its other tensors and any stored encoder fp16; the scores below are of "
+                          "these rounded weights)"}
 
 
 def portable(path: str) -> str:
