@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from edgecap.checkpoint import load_model, read_checkpoint, save_atomic
+from edgecap.checkpoint import read_checkpoint, save_atomic
 from edgecap.config import DEFAULT_MODEL, SHIPPED
+from edgecap.models.encoder import read_encoder_weights
 from edgecap.shipped import DEFAULT_ID, shipped_file
 from edgecap.weight_storage import MIN_INT8_ELEMENTS, pack_int8, stored_weights, weights_digest
 
@@ -41,8 +42,7 @@ def shares_default_encoder(payload: dict, out: Path) -> str | None:
     config = payload["encoder_config"]
     if out.resolve() == DEFAULT_MODEL.resolve() or config["finetune"] or payload["encoder"] is None:
         return None
-    shipped = load_model(DEFAULT_MODEL).model.encoder.state_dict()
-    digest = weights_digest(shipped)
+    digest = weights_digest(read_encoder_weights(DEFAULT_MODEL))
     return digest if weights_digest(stored_weights(payload["encoder"])) == digest else None
 
 
