@@ -1,8 +1,9 @@
 """``export_run``: a trained run (or the shipped default) to an export directory, every stage in order.
 
-fp32 ONNX graphs validated against PyTorch, then the fp16 graphs, the INT8 graphs calibrated on real photos and
-the TensorRT engines, as ``ExportOptions`` asks. Each stage says one line as it starts; the long ones show bars.
-``build_engines`` alone turns an existing export directory into engines on a GPU machine, with no torch.
+fp32 ONNX graphs validated against PyTorch, then the fp16 graphs, the INT8 graphs calibrated on real photos, the
+graphs' lossless compact storage and the TensorRT engines, as ``ExportOptions`` asks. Each stage says one line as
+it starts; the long ones show bars. ``build_engines`` alone turns an existing export directory into engines on a
+GPU machine, with no torch.
 """
 
 from __future__ import annotations
@@ -92,6 +93,11 @@ def _write_stages(loaded, directory: Path, options: ExportOptions, calibration, 
         from edgecap.calib.build import add_int8
 
         manifest = add_int8(directory, manifest, calibration, options.int8, say=say)
+    from edgecap.export.compact import compact_graphs
+
+    manifest, saved = compact_graphs(directory, manifest)
+    if saved:
+        say(f"export: {saved / 1e6:.1f} MB of fp32 weights that are exact fp16 values stored as fp16 (lossless)")
     if options.engines:  # of the precisions written: a failed INT8 set is not
         written = tuple(p for p in options.precisions if p in manifest.graphs)
         manifest = build_engines(directory, manifest, written, options.engines, say=say)

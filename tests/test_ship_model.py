@@ -49,3 +49,10 @@ def test_a_shipped_run_loads_from_its_stored_weights_and_its_card_names_architec
     assert all(torch.equal(encoder[k], v) for k, v in read_encoder_weights(out).items())
     image = load_dataset("shapes").split("test")[0].path
     assert caption_images(load_model(out), [image], SearchOptions())[0].words
+    if weights == "fp16":  # every weight is an fp16 value, so the export stores its graphs compactly
+        exported = tmp_path / "exp"
+        code, output = invoke("export", str(out), "--out", str(exported))
+        assert code == 0 and "stored as fp16 (lossless)" in output, output
+        assert (exported / "step.onnx").stat().st_size < 0.6 * (tiny_export / "exp" / "step.onnx").stat().st_size
+        assert invoke("caption", str(image), "--model", str(exported)) == invoke("caption", str(image), "--model",
+                                                                                  str(out))
