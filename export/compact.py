@@ -1,10 +1,10 @@
 """Lossless compact storage of exported graphs: fp32 weights whose values are exact fp16 numbers stored as fp16.
 
 A checkpoint stored as fp16 (the shipped default) exports fp32 graphs whose weights all hold fp16 values, each in
-four bytes where two would do. Each such weight is stored as fp16 and read through
-a ``Cast`` back to fp32: ONNX Runtime folds the cast when it loads the graph, so every run computes with the very
-same fp32 values as before and only the file shrinks. Weights that need fp32 (a fused batch norm's), small ones
-and quantization parameters stay as they are.
+four bytes where two would do. Each such weight is stored as fp16 and read through a ``Cast`` back to fp32: ONNX
+Runtime folds the cast when it loads the graph, so every run computes with the very same fp32 values as before and
+only the file shrinks. Weights that need fp32 (a fused batch norm's), small ones and quantization parameters stay as
+they are.
 """
 
 from __future__ import annotations
