@@ -94,12 +94,17 @@ class XEConfig:
         _at_least("xe", self, 1, "batch_size")
 
 
+OBJECTIVES = ("auto", "scst", "c2f")
+
+
 @dataclass(frozen=True)
 class SCSTConfig:
     epochs: int = 0  # self-critical epochs after cross-entropy (0: none)
     lr: float = 2e-5  # constant learning rate of the phase
     samples: int = 5  # sampled captions per image
     baseline: str = "mean"  # "mean" (of the image's other samples) or "greedy" (its greedy caption)
+    objective: str = "auto"  # "scst": reward the caption; "c2f": every stage of a multi-stage decoder (Stack-
+    # Captioning's coarse-to-fine RL); "auto": c2f for multi-stage decoders, else scst
     batch_images: int = 32  # images per step, over all processes
     mirror_share: float = 0.0  # share of images sampled on their photo flipped left-right, scored against their
     # references with "left" and "right" swapped
@@ -107,6 +112,8 @@ class SCSTConfig:
     def __post_init__(self):
         if self.baseline not in ("mean", "greedy"):
             raise EdgecapError(f"scst.baseline must be 'mean' or 'greedy', got '{self.baseline}'")
+        if self.objective not in OBJECTIVES:
+            raise EdgecapError(f"scst.objective must be one of {', '.join(OBJECTIVES)}, got '{self.objective}'")
         if self.baseline == "mean" and self.samples < 2:
             raise EdgecapError(f"scst.baseline=mean needs scst.samples >= 2, got {self.samples}")
         _share("scst", "mirror_share", self.mirror_share)

@@ -20,15 +20,16 @@ back, which is also the word inference feeds back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from edgecap.cider import CiderD
+from edgecap.models import MODELS
 from edgecap.training.distributed import global_sum
-from edgecap.training.scst import leave_one_out_mean, sample_captions, words_of
+from edgecap.training.scst import leave_one_out_mean, sample_captions, scst_loss, words_of
 from edgecap.vocab import Vocab
 
 
@@ -68,3 +69,10 @@ def c2f_loss(decoder: nn.Module, features: torch.Tensor, image_ids: Sequence[str
     mask = mask.float()
     per_stage = -(advantage[..., None] * logprobs * mask).sum((1, 2)) / global_sum(mask.sum((1, 2)))  # every rank's
     return per_stage.sum(), float(rewards[-1].mean())
+
+
+def self_critical_objective(model_id: str, objective: str = "auto") -> Callable[..., tuple[torch.Tensor, float]]:
+    """The loss of a run's self-critical phase (``scst.objective``): ``c2f_loss`` for "c2f", and for "auto" on a
+    multi-stage decoder; otherwise ``scst_loss``, which rewards the caption a decoder outputs (its last stage's)."""
+    coarse_to_fine = objective == "c2f" or (objective == "auto" and MODELS[model_id].coarse_to_fine)
+    return c2f_loss if coarse_to_fine else scst_loss

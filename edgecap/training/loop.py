@@ -26,20 +26,19 @@ from edgecap.cider import CiderD
 from edgecap.data import CaptionDataset, load_dataset
 from edgecap.errors import ModelError
 from edgecap.locks import writing
-from edgecap.models import MODELS, build_model
+from edgecap.models import build_model
 from edgecap.models.caption_model import CaptionModel
 from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing
 from edgecap.runtime.search import SearchOptions
 from edgecap.torch_backend import captions_of, search_features
 from edgecap.training import distributed
-from edgecap.training.c2f import c2f_loss
+from edgecap.training.c2f import self_critical_objective
 from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_id, mirrored_token_table, tokenised_references
 from edgecap.training.ema import WeightAverage
 from edgecap.training.hard_attention import hard_attention_loss
 from edgecap.training.losses import word_nll, xe_loss
 from edgecap.training.runs import RunSpec, last_phase, reopen, run_spec, write_run_files
-from edgecap.training.scst import scst_loss
 from edgecap.training.state import TrainState
 from edgecap.vocab import PAD, Vocab
 from edgecap.weight_storage import stored_weights
@@ -283,7 +282,7 @@ class Trainer:
         features = self.train_features.get(rows, flipped)
         ids = [mirrored_id(self.train_records[r].image_id) if f else self.train_records[r].image_id
                for r, f in zip(rows, flipped, strict=True)]
-        objective = c2f_loss if MODELS[self.spec.model_id].coarse_to_fine else scst_loss
+        objective = self_critical_objective(self.spec.model_id, cfg.objective)
         return objective(self.model.decoder, features, ids, cider=self.train_cider, vocab=self.vocab,
                          samples=cfg.samples, max_length=self.cfg.max_caption_length, baseline=cfg.baseline)
 

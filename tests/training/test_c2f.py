@@ -4,8 +4,8 @@ import torch
 
 from edgecap.cider import CiderD
 from edgecap.models import build_model
-from edgecap.training.c2f import c2f_loss, stage_advantages
-from edgecap.training.scst import leave_one_out_mean, sample_captions
+from edgecap.training.c2f import c2f_loss, self_critical_objective, stage_advantages
+from edgecap.training.scst import leave_one_out_mean, sample_captions, scst_loss
 from edgecap.vocab import EOS, PAD, Vocab
 
 WORDS = "a red blue circle square on the left right".split()
@@ -98,3 +98,33 @@ def test_the_mean_baseline_leaves_each_image_only_the_inter_stage_term():
     advantage = stage_advantages(rewards, baselines).reshape(2, 2, 3)
     np.testing.assert_allclose(advantage[0].sum(-1), 0, atol=1e-12)
     np.testing.assert_allclose(advantage[1].sum(-1), (rewards[1] - rewards[0]).reshape(2, 3).sum(-1))
+
+
+@pytest.mark.parametrize(("model_id", "objective", "loss"), [
+    ("stackcap", "auto", c2f_loss), ("stackcap", "c2f", c2f_loss), ("stackcap", "scst", scst_loss),
+    ("sat", "auto", scst_loss), ("sat", "scst", scst_loss)])
+def test_scst_objective_picks_the_self_critical_loss(model_id, objective, loss):
+    assert self_critical_objective(model_id, objective) is loss
+
+
+def test_plain_self_critical_training_of_stack_captioning_rewards_only_its_last_stage():
+    model, vocab, features = _model(fine_stages=2)
+    model.train()
+    torch.manual_seed(1)
+    loss, _ = scst_loss(model, features, ["0", "1"], cider=CiderD(REFERENCES), vocab=vocab, samples=4, max_length=4,
+                        baseline="mean")
+    loss.backward()
+    assert model.out[-1].weight.grad.abs().sum() > 0
+    assert all(out.weight.grad is None or not out.weight.grad.any() for out in model.out[:-1])
+
+
+def test_c2f_on_a_single_stage_decoder_is_refused_in_one_line():
+    from edgecap.config import SCSTConfig
+    from edgecap.errors import EdgecapError, ModelError
+    from edgecap.training.runs import resolve_run
+
+    with pytest.raises(ModelError, match="scst.objective=c2f rewards every stage .* sat has one"):
+        resolve_run("sat", "shapes", "tiny", ["scst.objective=c2f"])
+    assert resolve_run("stackcap", "shapes", "tiny", ["scst.objective=scst"]).train.scst.objective == "scst"
+    with pytest.raises(EdgecapError, match="scst.objective must be one of auto, scst, c2f"):
+        SCSTConfig(objective="ppo")
