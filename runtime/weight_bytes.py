@@ -14,7 +14,8 @@ from edgecap.runtime.backends.ort import FP32_PRESERVING
 def onnx_weight_bytes(path: Path) -> int | None:
     """Bytes of weights one run of an ONNX graph reads: its initializers and constant tensors, as stored.
 
-    A table read only through ``Gather`` (a word embedding) is left out: a step reads N of its rows, not all.
+    A table read only through ``Gather`` (a word embedding; through a ``Cast`` too, as compact storage writes it) is
+    left out: a step reads N of its rows, not all.
     A weight read only through ``Cast`` counts at the cast's type: ONNX Runtime folds such constants when it
     loads the graph (an fp16 graph's Gemm weights that are kept in fp32 are read as fp32). None when ``onnx``
     (the export extra) is not installed: the runtime itself never needs it.
@@ -31,17 +32,21 @@ def onnx_weight_bytes(path: Path) -> int | None:
 
     uses: dict[str, set[tuple[str, int]]] = {}
     cast_to: dict[str, set[int]] = {}  # tensor name -> element types it is cast to
+    cast_output: dict[str, str] = {}  # tensor name -> what a Cast of it is called
     for node in model.graph.node:
         for index, name in enumerate(node.input):
             uses.setdefault(name, set()).add((node.op_type, index))
             if node.op_type == "Cast":
                 cast_to.setdefault(name, set()).update(a.i for a in node.attribute if a.name == "to")
+                cast_output[name] = node.output[0]
 
     def read_bytes(name: str, tensor) -> int:
         used = uses.get(name, set())
         if used == {("Gather", 0)}:
             return 0
         if used == {("Cast", 0)} and len(cast_to.get(name, ())) == 1:
+            if uses.get(cast_output[name]) == {("Gather", 0)}:  # a compactly stored embedding
+                return 0
             return size(tensor) // helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize * \
                 helper.tensor_dtype_to_np_dtype(next(iter(cast_to[name]))).itemsize
         return size(tensor)

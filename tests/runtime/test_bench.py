@@ -128,10 +128,12 @@ def test_step_weight_bytes_count_what_a_run_reads(tmp_path):
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
-    table = numpy_helper.from_array(np.ones((10, 4), np.float32), "table")  # read through Gather: N rows only
+    # Read through Gather (N rows only), here stored compactly behind a Cast as export writes an fp16-valued table.
+    table = numpy_helper.from_array(np.ones((10, 4), np.float16), "table.fp16")
     weight = numpy_helper.from_array(np.ones((4, 3), np.float16), "weight")  # cast to fp32 once, read as fp32
     bias = numpy_helper.from_array(np.ones(3, np.float32), "bias")
-    nodes = [helper.make_node("Gather", ["table", "ids"], ["rows"]),
+    nodes = [helper.make_node("Cast", ["table.fp16"], ["table"], to=TensorProto.FLOAT),
+             helper.make_node("Gather", ["table", "ids"], ["rows"]),
              helper.make_node("Cast", ["weight"], ["weight32"], to=TensorProto.FLOAT),
              helper.make_node("MatMul", ["rows", "weight32"], ["product"]),
              helper.make_node("Add", ["product", "bias"], ["out"])]
