@@ -9,10 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 run=$1 out=$2 data=$3 calib=${4:-max} int8_graphs=${5:-encoder,step}
 edgecap=${EDGECAP:-edgecap}
-mkdir -p "$out/reports"
-$edgecap eval "$run" --data "$data" --split dev --beam 3 --json "$out/reports/eval.json"
+# Export first: it replaces the whole directory, and refuses one that holds anything but an export.
 $edgecap export "$run" --out "$out" --precision fp32,fp16,int8 --calib-data "$data" --calib-method "$calib" \
     --int8-graphs "$int8_graphs"
+mkdir -p "$out/reports"
+$edgecap eval "$run" --data "$data" --split dev --beam 3 --json "$out/reports/eval.json"
 for precision in fp32 fp16 int8; do
     $edgecap parity "$out" --data "$data" --split dev --precision "$precision" \
         --json "$out/reports/parity-$precision.json" --markdown "$out/reports/parity-$precision.md"
