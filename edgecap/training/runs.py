@@ -57,8 +57,8 @@ def resolve_run(model_id: str | None, data: str, preset: str, overrides: Sequenc
     sized = replace(chosen, model={**entry(model_id).sizes[chosen.size], **chosen.model})
     resolved = apply_overrides(sized, list(overrides), settable_fields(model_id))
     if resolved.train.scst.objective == "c2f" and not entry(model_id).coarse_to_fine:
-        raise ModelError(f"scst.objective=c2f rewards every stage of a multi-stage decoder, and {model_id} has one; "
-                         "use it with --model stackcap, or drop it")
+        raise ModelError(f"scst.objective=c2f rewards every stage of a multi-stage decoder, and {model_id} has one "
+                         "stage; use it with --model stackcap, or drop it")
     return RunSpec(model_id, data, resolved.encoder, resolved.train, resolved.model)
 
 
