@@ -30,10 +30,13 @@ def store_exact_fp16(path: Path) -> int:
     pinned |= {value.name for value in graph.input}
     initializers, casts, saved = [], [], 0
     for tensor in graph.initializer:
+        if (tensor.data_type != TensorProto.FLOAT or np.prod(tensor.dims, dtype=np.int64) < MIN_ELEMENTS
+                or tensor.name in pinned):
+            initializers.append(tensor)
+            continue
         values = numpy_helper.to_array(tensor)
-        half = values.astype(np.float16) if tensor.data_type == TensorProto.FLOAT else None
-        if (half is None or values.size < MIN_ELEMENTS or tensor.name in pinned
-                or not np.array_equal(half.astype(np.float32), values)):
+        half = values.astype(np.float16)
+        if not np.array_equal(half.astype(np.float32), values):
             initializers.append(tensor)
             continue
         stored = numpy_helper.from_array(half, f"{tensor.name}.fp16")
@@ -58,4 +61,4 @@ def compact_graphs(directory: Path, manifest: Manifest) -> tuple[Manifest, int]:
     sha256, and the bytes saved in all."""
     names = sorted({name for files in manifest.graphs.values() for name in files.values()})
     saved = sum(store_exact_fp16(directory / name) for name in names)
-    return manifest.write(directory), saved
+    return (manifest.write(directory) if saved else manifest), saved
