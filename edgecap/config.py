@@ -85,13 +85,14 @@ class XEConfig:
     mirror_share: float = 0.0  # share of captions trained on their photo flipped left-right, "left" and "right"
     # swapped (a frozen encoder caches the flipped photos once more)
     doubly_stochastic: float = 1.0  # lambda of mean_i (1 - sum_t alpha_ti)^2, for models that return soft attention
+    captions_per_image: int = 1  # k > 1: k captions of a photo side by side in a batch, which encodes it once
 
     def __post_init__(self):
         if not 0.0 <= self.label_smoothing < 1.0:
             raise EdgecapError(f"xe.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         _share("xe", "mirror_share", self.mirror_share)
         _at_least("xe", self, 0, "epochs", "max_steps", "doubly_stochastic")
-        _at_least("xe", self, 1, "batch_size")
+        _at_least("xe", self, 1, "batch_size", "captions_per_image")
 
 
 OBJECTIVES = ("auto", "scst", "c2f")

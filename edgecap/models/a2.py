@@ -45,7 +45,7 @@ from torch import nn
 
 from edgecap import spec
 from edgecap.models.attention import CachedSelfAttention, EncoderLayer, FeedForward, MultiHeadAttention, sinusoids
-from edgecap.models.output import DecoderOutput
+from edgecap.models.output import DecoderOutput, per_caption
 from edgecap.vocab import PAD
 
 ALIGNMENTS = ("gate", "max", "moving_average", "exponential", "none")
@@ -239,17 +239,27 @@ class A2(nn.Module):
                                                          position)
         return logprobs, {spec.STATE_KV: kv}, attention
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> DecoderOutput:
+    def teacher_forced(self, tokens: torch.Tensor,
+                       memory: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every position of tokens (N, T) at once, given ``prepare``'s memory of each row -> (log-probs (N, T, V),
+        attention (N, T, L)): what ``step`` computes position by position, without a cache."""
+        logprobs, attention, _ = self.text_decoder(tokens, memory[spec.MEMORY_CROSS_KV])
+        return logprobs, attention
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, *,
+                rows: torch.Tensor | None = None) -> DecoderOutput:
         """Teacher forcing: features (B, L, C), tokens (B, T) starting with bos.
+
+        ``rows`` (B,) is each caption's photo when features hold one row per photo (``per_caption``).
 
         Returns ``logprobs`` (B, T, V) and ``attention`` (B, T, L) (the last layer's α^a, mean over heads); in
         training mode with alignment also ``auxiliary_loss``, the mask network's weighted objective.
         """
         if tokens.shape[1] > self.max_positions:
             raise ValueError(f"A2 got {tokens.shape[1]} positions but max_positions is {self.max_positions}")
-        memory, _ = self.prepare(features)
+        memory = per_caption(self.prepare(features)[0], rows)
         cross_kv = memory[spec.MEMORY_CROSS_KV]
-        logprobs, attention, _ = self.text_decoder(tokens, cross_kv)
+        logprobs, attention = self.teacher_forced(tokens, memory)
         aligned = self.training and self.config.alignment != "none"
         return DecoderOutput(logprobs, attention,
                              auxiliary_loss=self.mask_objective(tokens, cross_kv) if aligned else None)

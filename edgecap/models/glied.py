@@ -55,7 +55,7 @@ from torch import nn
 from edgecap import spec
 from edgecap.errors import ModelError
 from edgecap.models.attention import CachedSelfAttention, EncoderLayer, FeedForward, MultiHeadAttention, sinusoids
-from edgecap.models.output import DecoderOutput
+from edgecap.models.output import DecoderOutput, per_caption
 from edgecap.vocab import SPECIALS
 
 VARIANTS = ("glied", "base")
@@ -243,8 +243,19 @@ class GLIED(nn.Module):
         logprobs, attention, cache = self._decode(h, memory, state[spec.STATE_KV], position)
         return logprobs[:, 0], {spec.STATE_KV: cache}, attention[:, 0]
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> DecoderOutput:
+    def teacher_forced(self, tokens: torch.Tensor,
+                       memory: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every position of tokens (N, T) at once, given ``prepare``'s memory of each row -> (log-probs (N, T, V),
+        attention (N, T, L)): what ``step`` computes position by position, without a cache."""
+        h = self.dropout(self.embed(tokens) + self.positions[: tokens.shape[1]])
+        logprobs, attention, _ = self._decode(h, memory, None, None)
+        return logprobs, attention
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, *,
+                rows: torch.Tensor | None = None) -> DecoderOutput:
         """Teacher forcing: features (B, L, C), tokens (B, T) starting with bos.
+
+        ``rows`` (B,) is each caption's photo when features hold one row per photo (``per_caption``).
 
         Returns ``logprobs`` (B, T, V), ``attention`` (B, T, L) over regions (last layer, head mean) and
         ``auxiliary_loss``, the weighted MIL loss against the attribute words that occur in ``tokens``.
@@ -252,8 +263,8 @@ class GLIED(nn.Module):
         if tokens.shape[1] > self.config.max_positions:
             raise ModelError(f"glied: {tokens.shape[1]} positions exceed max_positions {self.config.max_positions}")
         memory, evidence = self._encode(features)
-        h = self.dropout(self.embed(tokens) + self.positions[: tokens.shape[1]])
-        logprobs, attention, _ = self._decode(h, memory, None, None)
+        memory, evidence = per_caption(memory, rows), evidence if rows is None else evidence.index_select(0, rows)
+        logprobs, attention = self.teacher_forced(tokens, memory)
         words = evidence.new_zeros(tokens.shape[0], self.config.vocab_size).scatter_(1, tokens, 1.0)
         present = words[:, FIRST_ATTRIBUTE:FIRST_ATTRIBUTE + evidence.shape[1]]
         mil = self.config.mil_weight * AttributeHead.loss(evidence, present)

@@ -1,4 +1,5 @@
-"""What every decoder's teacher-forced ``forward`` returns: the one type the training objectives read."""
+"""What every decoder's teacher-forced ``forward`` returns, the one type the training objectives read, and how it
+reads photos shared by several captions."""
 
 from __future__ import annotations
 
@@ -16,3 +17,9 @@ class DecoderOutput:
     auxiliary_loss: torch.Tensor | None = None  # a model's own extra objective, already weighted (scalar)
     location_logprob: torch.Tensor | None = None  # hard attention: (B, T) log p of each sampled location
     entropy: torch.Tensor | None = None  # hard attention: (B, T) entropy of each location distribution
+
+
+def per_caption(tensors: dict[str, torch.Tensor], rows: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """A photo's memory or state repeated for each of its captions: ``rows`` (B,) is each caption's photo (None:
+    caption i is photo i). A batch of several captions per photo encodes each photo once."""
+    return tensors if rows is None else {k: v.index_select(0, rows) for k, v in tensors.items()}

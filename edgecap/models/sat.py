@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from edgecap import spec
-from edgecap.models.output import DecoderOutput
+from edgecap.models.output import DecoderOutput, per_caption
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,11 @@ class SAT(nn.Module):
         logits, h, c = self._advance(self.embed(tokens), z, h, c)
         return torch.log_softmax(logits, dim=-1), {spec.STATE_H: h, spec.STATE_C: c}, alpha
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, *, hard: bool = False,
-                expected: torch.Tensor | None = None) -> DecoderOutput:
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, *, rows: torch.Tensor | None = None,
+                hard: bool = False, expected: torch.Tensor | None = None) -> DecoderOutput:
         """Teacher forcing: features (B, L, D), tokens (B, T) starting with bos.
+
+        ``rows`` (B,) is each caption's photo when features hold one row per photo (``per_caption``).
 
         Returns ``logprobs`` (B, T, V) and ``attention`` α (B, T, L); with ``hard`` the
         context is one sampled location a_s, and ``location_logprob`` (B, T) and
@@ -109,6 +111,7 @@ class SAT(nn.Module):
         their ``location_logprob`` and ``entropy`` are 0.
         """
         memory, state = self.prepare(features)
+        memory, state = per_caption(memory, rows), per_caption(state, rows)
         h, c = state[spec.STATE_H], state[spec.STATE_C]
         features, att_proj = memory[spec.MEMORY_FEATURES], memory[spec.MEMORY_ATT_PROJ]
         embedded = self.embed(tokens)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from edgecap import spec
-from edgecap.models.output import DecoderOutput
+from edgecap.models.output import DecoderOutput, per_caption
 
 MEMORY_SPATIAL = "memory.spatial_proj"  # float32 [N, A, side, side]: Conv_V(V), the image half of the first k x k conv
 MEMORY_CHANNEL = "memory.channel_proj"  # float32 [N, R]: W_1V avgpool(V) + b, the image half of the channel squeeze
@@ -188,13 +188,17 @@ class SPCA(nn.Module):
         logits, state, attention = self._advance(self.embed(tokens), state, memory)
         return torch.log_softmax(logits, dim=-1), state, attention
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> DecoderOutput:
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, *,
+                rows: torch.Tensor | None = None) -> DecoderOutput:
         """Teacher forcing: features (B, L, C), tokens (B, T) starting with bos.
+
+        ``rows`` (B,) is each caption's photo when features hold one row per photo (``per_caption``).
 
         Returns ``logprobs`` (B, T, V) and ``attention`` (B, T, L). The map is a sigmoid, not a softmax, so the
         doubly stochastic regulariser, which assumes rows that sum to one, leaves it alone.
         """
         memory, state = self.prepare(features)
+        memory, state = per_caption(memory, rows), per_caption(state, rows)
         embedded = self.embed(tokens)
         logprobs, attentions = [], []
         for t in range(tokens.shape[1]):

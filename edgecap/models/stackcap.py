@@ -18,7 +18,7 @@ from torch import nn
 
 from edgecap import spec
 from edgecap.errors import ModelError
-from edgecap.models.output import DecoderOutput
+from edgecap.models.output import DecoderOutput, per_caption
 from edgecap.models.sat import SoftAttention
 
 MEMORY_MEAN = "memory.mean_feature"  # float32 [N, D]: f(V), the mean annotation vector the coarse stage reads
@@ -130,14 +130,18 @@ class StackCap(nn.Module):
         logits, hc, alpha = self._advance(self.embed(tokens), self._unpack(state), memory, every_stage=True)
         return [torch.log_softmax(x, dim=-1) for x in logits], self._pack(hc), alpha
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> DecoderOutput:
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, *,
+                rows: torch.Tensor | None = None) -> DecoderOutput:
         """Teacher forcing: features (B, L, C), tokens (B, T) starting with bos.
+
+        ``rows`` (B,) is each caption's photo when features hold one row per photo (``per_caption``).
 
         Returns ``logprobs`` (B, T, V) of the last stage, ``stage_logprobs`` (the
         earlier stages' (B, T, V), coarse first; the trainer adds their XE) and the
         last stage's soft attention (B, T, L).
         """
         memory, state = self.prepare(features)
+        memory, state = per_caption(memory, rows), per_caption(state, rows)
         hc = self._unpack(state)
         embedded = self.embed(tokens)
         logits, alphas = [[] for _ in self.stages], []

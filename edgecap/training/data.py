@@ -45,6 +45,29 @@ def caption_pairs(records: Sequence[ImageRecord], vocab: Vocab, *, max_length: i
     return CaptionPairs(np.asarray(index, dtype=np.int64), tokens)
 
 
+def epoch_order(image_index: np.ndarray, *, captions_per_image: int, mirror_share: float,
+                seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """One cross-entropy epoch: every caption pair once, in training order, and which pairs see their photo flipped
+    (indexed by pair).
+
+    ``captions_per_image`` 1 draws every pair on its own. k > 1 keeps up to k captions of a photo together in the
+    order, with one flip for them all, so that a batch encodes each photo once for several captions.
+    """
+    shuffle, draws = np.random.default_rng(seed), np.random.default_rng(seed + 2000)
+    order = shuffle.permutation(len(image_index))
+    if captions_per_image == 1:
+        return order, draws.random(len(order)) < mirror_share
+    by_photo = order[np.argsort(image_index[order], kind="stable")]  # photo by photo, captions shuffled within
+    photo = image_index[by_photo]
+    first = np.searchsorted(photo, photo)  # where each photo's captions start
+    groups, group = np.unique(photo * len(photo) + (np.arange(len(photo)) - first) // captions_per_image,
+                              return_inverse=True)
+    position = shuffle.permutation(len(groups))[group]
+    flipped = np.zeros(len(order), bool)
+    flipped[by_photo] = (draws.random(len(groups)) < mirror_share)[group]
+    return by_photo[np.argsort(position, kind="stable")], flipped
+
+
 MIRRORED_WORDS = (("left", "right"),)  # words whose meaning flips with the photo
 _MIRRORED_WORD = {word: other for pair in MIRRORED_WORDS for word, other in (pair, pair[::-1])}
 

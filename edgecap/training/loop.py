@@ -34,7 +34,14 @@ from edgecap.runtime.search import SearchOptions
 from edgecap.torch_backend import captions_of, search_features
 from edgecap.training import distributed
 from edgecap.training.c2f import self_critical_objective
-from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_id, mirrored_token_table, tokenised_references
+from edgecap.training.data import (
+    ImageFeatures,
+    caption_pairs,
+    epoch_order,
+    mirrored_id,
+    mirrored_token_table,
+    tokenised_references,
+)
 from edgecap.training.ema import WeightAverage
 from edgecap.training.hard_attention import hard_attention_loss
 from edgecap.training.losses import word_nll, xe_loss
@@ -232,13 +239,15 @@ class Trainer:
         cfg = self.cfg
         tokens = torch.from_numpy(self.pairs.batch(rows, flipped, self.mirrored_tokens))
         tokens = tokens[:, :int((tokens != PAD).sum(1).max())].to(self.dist.device)
-        features = self.train_features.get(self.pairs.image_index[rows], flipped)
+        views, photo = np.unique(self.pairs.image_index[rows] * 2 + flipped, return_inverse=True)  # photo, flip
+        features = self.train_features.get(views // 2, views % 2 == 1)  # each view read and encoded once
+        photo = torch.from_numpy(photo).to(self.dist.device)
         hard = self.spec.model.get("attention") == "hard"
         if hard:
             expected = torch.rand(len(rows), device=self.dist.device) < cfg.hard.expected_share
-            out = self.model.decoder(features, tokens[:, :-1], hard=True, expected=expected)
+            out = self.model.decoder(features, tokens[:, :-1], rows=photo, hard=True, expected=expected)
         else:
-            out = self.model.decoder(features, tokens[:, :-1])
+            out = self.model.decoder(features, tokens[:, :-1], rows=photo)
         target = tokens[:, 1:]
         mask = (target != PAD).float()
         n_tokens = distributed.global_sum(mask.sum())
@@ -252,8 +261,8 @@ class Trainer:
 
     def _xe_epoch(self, epoch: int) -> float:
         cfg = self.cfg.xe
-        order = np.random.default_rng(self.cfg.seed + epoch).permutation(len(self.pairs.tokens))
-        mirror = np.random.default_rng(self.cfg.seed + 2000 + epoch).random(len(order)) < cfg.mirror_share  # per pair
+        order, mirror = epoch_order(self.pairs.image_index, captions_per_image=cfg.captions_per_image,
+                                    mirror_share=cfg.mirror_share, seed=self.cfg.seed + epoch)
         batches = range(0, len(order), cfg.batch_size)
         self._train_mode()
         losses = []

@@ -1,8 +1,10 @@
 """Self-critical sequence training (Rennie et al. 2017) with a CIDEr-D reward.
 
 Sampling runs the decoder's step contract, so every model family gets SCST
-without code of its own. Baselines: the greedy decode of the same image, or the
-mean reward of the other samples of the same image.
+without code of its own; a decoder that also has a parallel teacher-forced pass
+scores its samples with it, which is the same policy gradient, computed cheaper.
+Baselines: the greedy decode of the same image, or the mean reward of the other
+samples of the same image.
 """
 
 from __future__ import annotations
@@ -63,6 +65,25 @@ def sample_captions(decoder: nn.Module, features: torch.Tensor, *, samples: int,
     return out if stages else tuple(x[0] for x in out)
 
 
+def policy_samples(decoder: nn.Module, features: torch.Tensor, *, samples: int,
+                   max_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``sample_captions``' tokens, differentiable log-probs and mask, computed the cheaper way for the decoder.
+
+    A decoder with a parallel teacher-forced pass (``teacher_forced``, the Transformers) samples without autograd
+    and then scores its captions in one pass: backpropagating through its step loop would keep a copy of the KV
+    cache per step. Dropout draws its masks anew for the scoring pass, as in every training forward.
+    """
+    if not hasattr(decoder, "teacher_forced"):
+        return sample_captions(decoder, features, samples=samples, max_length=max_length)
+    with torch.no_grad():
+        tokens, _, mask = sample_captions(decoder, features, samples=samples, max_length=max_length)
+    memory, _ = decoder.prepare(features)
+    memory = {k: v.repeat_interleave(samples, dim=0) for k, v in memory.items()}
+    inputs = torch.cat([torch.full_like(tokens[:, :1], BOS), tokens[:, :-1]], dim=1)
+    logprobs, _ = decoder.teacher_forced(inputs, memory)
+    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), mask
+
+
 def words_of(tokens: torch.Tensor, vocab: Vocab) -> list[list[str]]:
     """Token rows -> word lists (up to eos), the form CIDEr-D scores."""
     return [vocab.decode(row).split() for row in tokens.tolist()]
@@ -81,7 +102,7 @@ def scst_loss(decoder: nn.Module, features: torch.Tensor, image_ids: Sequence[st
               samples: int, max_length: int, baseline: str) -> tuple[torch.Tensor, float]:
     """The policy-gradient loss -(r - b) log p(w) averaged over tokens (every rank's, when distributed, so summed
     gradients are the global batch's), and this rank's mean sample reward."""
-    tokens, logprobs, mask = sample_captions(decoder, features, samples=samples, max_length=max_length)
+    tokens, logprobs, mask = policy_samples(decoder, features, samples=samples, max_length=max_length)
     ids = [i for i in image_ids for _ in range(samples)]
     rewards = cider.score(ids, words_of(tokens, vocab)).reshape(len(image_ids), samples)
     if baseline == "greedy":

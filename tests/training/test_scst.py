@@ -1,9 +1,10 @@
 import numpy as np
+import pytest
 import torch
 
 from edgecap.cider import CiderD
-from edgecap.models import build_model
-from edgecap.training.scst import sample_captions, scst_loss, words_of
+from edgecap.models import MODELS, build_model
+from edgecap.training.scst import policy_samples, sample_captions, scst_loss, words_of
 from edgecap.vocab import EOS, PAD, Vocab
 
 WORDS = "a red blue circle square on the left right".split()
@@ -77,3 +78,27 @@ def test_the_greedy_baseline_is_each_image_s_greedy_caption_reward():
 
     torch.testing.assert_close(loss, policy_loss(baseline))
     assert not torch.allclose(loss, policy_loss(np.zeros_like(baseline)))
+
+
+@pytest.mark.parametrize(("model_id", "options"), [("a2", {}), ("glied", {"attributes": 3})])
+def test_transformers_score_their_samples_in_one_pass_with_the_step_loop_s_gradient(model_id, options):
+    """The one-pass scoring of a Transformer's samples is the step loop's policy gradient, not an approximation."""
+    torch.manual_seed(0)
+    vocab = Vocab(("<pad>", "<bos>", "<eos>", "<unk>", *WORDS))
+    model = build_model(model_id, {"vocab_size": len(vocab), "feature_dim": 8, "num_locations": 4,
+                                   **MODELS[model_id].sizes["tiny"], **options, "dropout": 0.0}).eval()
+    features = torch.randn(2, 4, 8)
+    gradients = []
+    for sample in (sample_captions, policy_samples):
+        torch.manual_seed(5)
+        tokens, logprobs, mask = sample(model, features, samples=3, max_length=6)
+        model.zero_grad()
+        (logprobs * mask).sum().backward()
+        counted = (logprobs * mask).detach()  # past eos a row's log-prob is of a word it never outputs
+        gradients.append((tokens, counted, [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (step_tokens, step_logprobs, step_grads), (tokens, logprobs, grads) = gradients
+    assert torch.equal(tokens, step_tokens)
+    torch.testing.assert_close(logprobs, step_logprobs, atol=1e-5, rtol=1e-5)
+    assert len(grads) == len(step_grads) > 0
+    for grad, step_grad in zip(grads, step_grads, strict=True):
+        torch.testing.assert_close(grad, step_grad, atol=1e-5, rtol=1e-4)
