@@ -14,8 +14,15 @@ $edgecap export "$run" --out "$out" --precision fp32,fp16,int8 --calib-data "$da
     --int8-graphs "$int8_graphs"
 mkdir -p "$out/reports"
 $edgecap eval "$run" --data "$data" --split dev --beam 3 --json "$out/reports/eval.json"
+# Every gate runs whatever the one before it said (parity exits 1 on a failure, 3 when inconclusive); the script
+# exits with the first gate's code that was not a pass, after the bench.
+verdict=0
 for precision in fp32 fp16 int8; do
+    code=0
     $edgecap parity "$out" --data "$data" --split dev --precision "$precision" \
-        --json "$out/reports/parity-$precision.json" --markdown "$out/reports/parity-$precision.md"
+        --json "$out/reports/parity-$precision.json" --markdown "$out/reports/parity-$precision.md" || code=$?
+    [ "$code" -le 1 ] || [ "$code" -eq 3 ] || exit "$code"  # 2: bad input, nothing was judged
+    [ "$verdict" -ne 0 ] || verdict=$code
 done
 $edgecap bench "$out" --backend torch,ort --precision fp32,int8 --batch 1 --beam 3
+exit "$verdict"
