@@ -2,7 +2,8 @@
 
 Sampling runs the decoder's step contract, so every model family gets SCST
 without code of its own; a decoder that also has a parallel teacher-forced pass
-scores its samples with it, which is the same policy gradient, computed cheaper.
+scores its samples with it: the same policy gradient (to rounding, without
+dropout), computed cheaper.
 Baselines: the greedy decode of the same image, or the mean reward of the other
 samples of the same image.
 """
