@@ -143,6 +143,14 @@ class ImageFeatures:
         return self.model.encode(pixels.to(device))
 
 
+    def shared(self, indices: np.ndarray, flipped: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """``get`` of each distinct (photo, flip) among ``indices`` once -> (features of the views, each index's view
+        (len(indices),)): what a model's ``forward(..., rows=)`` takes."""
+        views, view_of = np.unique(np.asarray(indices) * 2 + np.asarray(flipped, bool), return_inverse=True)
+        features = self.get(views // 2, views % 2 == 1)
+        return features, torch.from_numpy(view_of).to(features.device)
+
+
 def _gather(cache: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """cache[indices] read in ascending order (sequential on a memmap), returned in the asked order."""
     return cache[np.sort(indices)][np.argsort(np.argsort(indices))]

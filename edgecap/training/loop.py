@@ -239,9 +239,7 @@ class Trainer:
         cfg = self.cfg
         tokens = torch.from_numpy(self.pairs.batch(rows, flipped, self.mirrored_tokens))
         tokens = tokens[:, :int((tokens != PAD).sum(1).max())].to(self.dist.device)
-        views, photo = np.unique(self.pairs.image_index[rows] * 2 + flipped, return_inverse=True)  # photo, flip
-        features = self.train_features.get(views // 2, views % 2 == 1)  # each view read and encoded once
-        photo = torch.from_numpy(photo).to(self.dist.device)
+        features, photo = self.train_features.shared(self.pairs.image_index[rows], flipped)
         hard = self.spec.model.get("attention") == "hard"
         if hard:
             expected = torch.rand(len(rows), device=self.dist.device) < cfg.hard.expected_share
