@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from edgecap.checkpoint import read_checkpoint, save_atomic
-from edgecap.config import DEFAULT_MODEL, SHIPPED
-from edgecap.models.encoder import read_encoder_weights
+from edgecap.checkpoint import load_model, read_checkpoint, save_atomic
+from edgecap.config import DEFAULT_MODEL, SHIPPED, EncoderConfig
+from edgecap.models.encoder import build_encoder
 from edgecap.shipped import DEFAULT_ID, shipped_file
 from edgecap.weight_storage import MIN_INT8_ELEMENTS, pack_int8, stored_weights, weights_digest
 
@@ -42,8 +42,13 @@ def shares_default_encoder(payload: dict, out: Path) -> str | None:
     config = payload["encoder_config"]
     if out.resolve() == DEFAULT_MODEL.resolve() or config["finetune"] or payload["encoder"] is None:
         return None
-    digest = weights_digest(read_encoder_weights(DEFAULT_MODEL))
-    return digest if weights_digest(stored_weights(payload["encoder"])) == digest else None
+    default = load_model(DEFAULT_MODEL)
+    if default.encoder_config.name != config["name"]:
+        return None
+    encoder = build_encoder(EncoderConfig(**config), pretrained=False)
+    encoder.load_state_dict(stored_weights(payload["encoder"]))  # drops a classifier an older run still holds
+    digest = weights_digest(default.model.encoder.state_dict())  # as checkpoint.require_encoder computes it
+    return digest if weights_digest(encoder.state_dict()) == digest else None
 
 
 def encoder_origin(payload: dict, source: str) -> str:

@@ -104,6 +104,7 @@ def test_an_architecture_id_names_its_shipped_file_and_an_unshipped_one_says_wha
 
 def test_every_shipped_decoder_was_trained_on_the_encoder_this_package_ships():
     encoder = weights_digest(load_model(DEFAULT_MODEL).model.encoder.state_dict())
+    assert not any(key.startswith("_fc.") for key in read_checkpoint(DEFAULT_MODEL)["encoder"]), "the classifier ships"
     for model_id in shipped_ids()[1:]:
         payload = read_checkpoint(shipped_file(model_id))
         assert payload["model_id"] == model_id and payload["encoder"] is None

@@ -7,7 +7,7 @@ from PIL import Image
 
 from edgecap.config import EncoderConfig
 from edgecap.errors import ModelError
-from edgecap.models.encoder import build_encoder, grid_features
+from edgecap.models.encoder import build_encoder, grid_features, lite_weights_path
 
 skimage_data = pytest.importorskip("skimage.data", reason="scikit-image ships the sample photos (pip install .[dev])")
 
@@ -37,11 +37,14 @@ def _pixels(image: np.ndarray, size: int = 224) -> torch.Tensor:
                                                 ("coffee", {ESPRESSO, CUP})])
 def test_pretrained_lites_classify_sample_photos(name, size, photo, classes):
     """A wrong key mapping or padding would load silently and classify at random; each size the project trains on
-    (the shipped model's Lite2 at 260 px among them) is checked."""
+    (the shipped model's Lite2 at 260 px among them) is checked, with the ImageNet classifier the encoder drops."""
     model = build_encoder(EncoderConfig(name=name, image_size=size)).eval()
+    imagenet = torch.load(lite_weights_path(name), weights_only=True, map_location="cpu")
     with torch.no_grad():
-        top = model(_pixels(getattr(skimage_data, photo)(), size)).argmax().item()
+        pooled = model.features(_pixels(getattr(skimage_data, photo)(), size)).mean(dim=(2, 3))
+        top = torch.nn.functional.linear(pooled, imagenet["_fc.weight"], imagenet["_fc.bias"]).argmax().item()
     assert top in classes
+    assert not any(key.startswith("_fc.") for key in model.state_dict())
 
 
 @needs_lite0
