@@ -6,6 +6,7 @@ here and are written into the manifest, so the runtime never guesses them.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -16,6 +17,15 @@ from edgecap.models.caption_model import CaptionModel
 def next_name(state_name: str) -> str:
     """Graph output name of an updated state tensor: ``state.h`` -> ``state.h.next``."""
     return f"{state_name}{spec.NEXT_SUFFIX}"
+
+
+def graph_weights(captioner: CaptionModel) -> dict[str, np.ndarray]:
+    """The model's float weights under the names the two graphs give them (their modules' attribute paths), for
+    ``compact.store_exact_fp16`` to recognise a weight the exporter rescaled."""
+    state = {name: value.detach().float().numpy() for name, value in captioner.state_dict().items()
+             if value.is_floating_point()}
+    return {**{f"captioner.{name}": value for name, value in state.items()},
+            **{name: value for name, value in state.items() if name.startswith("decoder.")}}
 
 
 class EncoderGraph(nn.Module):

@@ -94,8 +94,9 @@ def _write_stages(loaded, directory: Path, options: ExportOptions, calibration, 
 
         manifest = add_int8(directory, manifest, calibration, options.int8, say=say)
     from edgecap.export.compact import compact_graphs
+    from edgecap.export.graphs import graph_weights
 
-    manifest, saved = compact_graphs(directory, manifest)
+    manifest, saved = compact_graphs(directory, manifest, graph_weights(loaded.model))
     if saved:
         say(f"export: {saved / 1e6:.1f} MB of fp32 weights that are exact fp16 values stored as fp16 (lossless)")
     if options.engines:  # of the precisions written: a failed INT8 set is not

@@ -1,4 +1,5 @@
-"""export/compact.py: fp16-exact fp32 weights stored as fp16 behind a Cast, and nothing else touched."""
+"""export/compact.py: fp16-exact fp32 weights stored as fp16 behind a Cast (a folded convolution's with its channel
+factors), and nothing else touched."""
 import numpy as np
 import pytest
 
@@ -64,3 +65,44 @@ def test_a_weight_below_the_size_floor_stays_fp32(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
     assert store_exact_fp16(path) == 0
     assert onnx.load(str(path)).graph.initializer[0].data_type == TensorProto.FLOAT
+
+
+def _folded_conv(path, channels=16, width=32):
+    """y = Conv(x, folded): an fp16 weight times one fp32 factor per output channel, one channel pruned to zero, as
+    an exporter leaves a convolution it folded a batch norm into."""
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal((channels, width, 3, 3)).astype(np.float16).astype(np.float32)
+    weight[3] = 0.0
+    gamma, variance = rng.uniform(0.5, 2, channels), rng.uniform(0.01, 1, channels)
+    factors = (gamma.astype(np.float32) / np.sqrt(variance.astype(np.float32) + np.float32(1e-3)))
+    folded = weight * factors[:, None, None, None]
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, 8, 8])],
+                              [numpy_helper.from_array(folded, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    return weight
+
+
+def test_a_folded_convolution_is_stored_as_its_fp16_weight_and_channel_factors_bit_identically(tmp_path):
+    path = tmp_path / "conv.onnx"
+    weight = _folded_conv(path)
+    x = np.random.default_rng(3).standard_normal((2, 32, 8, 8)).astype(np.float32)
+    before = _run(path, x)
+    assert store_exact_fp16(path) == 0  # without the model's weights, nothing here is fp16-exact
+
+    saved = store_exact_fp16(path, {"w": weight})
+
+    assert saved == weight.size * 2 - 16 * 4
+    stored = {t.name: t.data_type for t in onnx.load(str(path)).graph.initializer}
+    assert stored == {"w.fp16": TensorProto.FLOAT16, "w.factors": TensorProto.FLOAT}
+    assert _run(path, x).tobytes() == before.tobytes()
+
+
+def test_a_weight_that_is_no_rescaled_copy_of_the_models_stays_fp32(tmp_path):
+    path = tmp_path / "conv.onnx"
+    weight = _folded_conv(path)
+    other = weight.copy()
+    other[0, 0, 0, 0] = np.float16(other[0, 0, 0, 0] + 0.5)  # one value off: no factor reproduces that channel
+    assert store_exact_fp16(path, {"w": other}) == 0
+    assert store_exact_fp16(path, {"w": weight.transpose(1, 0, 2, 3).copy()}) == 0  # another layout
