@@ -98,7 +98,7 @@ def _write_stages(loaded, directory: Path, options: ExportOptions, calibration, 
 
     manifest, saved = compact_graphs(directory, manifest, graph_weights(loaded.model))
     if saved:
-        say(f"export: {saved / 1e6:.1f} MB of fp32 weights that are exact fp16 values stored as fp16 (lossless)")
+        say(f"export: {saved / 1e6:.1f} MB of fp32 weights stored as fp16, bit-identical once loaded (lossless)")
     if options.engines:  # of the precisions written: a failed INT8 set is not
         written = tuple(p for p in options.precisions if p in manifest.graphs)
         manifest = build_engines(directory, manifest, written, options.engines, say=say)
