@@ -52,10 +52,11 @@ def _option_text(value) -> str:
 
 
 def eval_json(result: EvalResult) -> dict:
-    """Raw pycocoevalcap values keyed by their names, plus what was skipped and why."""
+    """Raw pycocoevalcap values keyed by their names, plus what was skipped and why, and each photo's caption and
+    CIDEr-D (what ``benchmarks/compare_evals.py`` pairs two models on)."""
     return {"metrics": result.scores.metrics, "skipped": result.scores.skipped, "n_images": result.n_images,
             "backend": result.backend, "precision": result.precision, **decoding_json(result.options),
-            "captions": result.captions}
+            "captions": result.captions, "per_image_cider": result.scores.per_image_cider}
 
 
 def eval_table(result: EvalResult) -> str:

@@ -165,6 +165,7 @@ def test_eval_records_the_decoding_it_ran(tiny_run, tmp_path):
     assert code == 0, output
     report = json.loads((tmp_path / "eval.json").read_text())
     assert (report["beam"], report["length_penalty"], report["block_trigrams"]) == (3, 0.7, True)
+    assert set(report["per_image_cider"]) == set(report["captions"])  # what compare_evals.py pairs two models on
     for caption in report["captions"].values():
         words = caption.split()
         trigrams = list(zip(words, words[1:], words[2:], strict=False))
