@@ -158,8 +158,9 @@ class TrainConfig:
     seed: int = 0  # seeds torch, numpy and the batch order
     min_word_count: int = 5  # rarer training words become <unk>
     max_caption_length: int = 20  # words kept per training caption and longest decode
-    init: str = ""  # start from this edgecap checkpoint (a .pt or run directory): its vocabulary and decoder, and its
-    # encoder when the encoder trains; with xe.epochs=0 the run starts at self-critical training
+    init: str = ""  # start from this edgecap checkpoint (a .pt, run directory or shipped id such as glied): its
+    # vocabulary and decoder, and its encoder when the encoder trains; with xe.epochs=0 the run starts at
+    # self-critical training
 
     def __post_init__(self):
         _at_least("train", self, 1, "max_caption_length", "min_word_count")

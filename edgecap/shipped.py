@@ -27,6 +27,16 @@ def shipped_ids() -> list[str]:
     return [DEFAULT_ID] + sorted(p.parent.name for p in MODELS_DIR.glob("*/model.pt") if p.parent.name in MODELS)
 
 
+def shipped_file_or(value: Path) -> Path:
+    """The checkpoint ``train.init`` names: a shipped id's file (``glied``; ``sat`` the default's), else the path."""
+    if len(value.parts) == 1 and not value.exists():
+        if str(value) == DEFAULT_ID:
+            return DEFAULT_MODEL
+        if shipped_file(str(value)).is_file():
+            return shipped_file(str(value))
+    return value
+
+
 def shipped_id(path: Path | None) -> str | None:
     """The architecture id of a shipped checkpoint's path (None: the shipped default too), else None."""
     if path is None:

@@ -31,6 +31,7 @@ from edgecap.models.caption_model import CaptionModel
 from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing
 from edgecap.runtime.search import SearchOptions
+from edgecap.shipped import shipped_file_or
 from edgecap.torch_backend import captions_of, search_features
 from edgecap.training import distributed
 from edgecap.training.c2f import self_critical_objective
@@ -73,7 +74,7 @@ class Trainer:
         # A new run has no last.pt (train() refuses any other mix of --resume and run directory); files that a
         # new run killed before its first checkpoint left behind are rewritten, never read.
         resuming = (run_dir / "last.pt").exists()
-        self.init = read_checkpoint(Path(self.cfg.init)) if self.cfg.init and not resuming else None
+        self.init = read_checkpoint(shipped_file_or(Path(self.cfg.init))) if self.cfg.init and not resuming else None
         self.vocab = self._vocabulary(resuming)
         self.prep = Preprocessing(image_size=spec.encoder.image_size)
         self.model = distributed.prepare_module(self._build_model(), self.dist)

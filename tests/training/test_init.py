@@ -141,3 +141,10 @@ def test_a_checkpoint_stored_with_int8_weights_starts_a_run_with_its_rounded_wei
         expected = stored_weights(packed[part])
         weights = [k for k in expected if not k.endswith(BATCH_NORM_STATISTICS)]
         assert weights and all(torch.equal(after[part][k], expected[k]) for k in weights)
+
+
+def test_a_shipped_id_names_its_checkpoint(small_shapes, tmp_path):
+    code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(tmp_path / "run"),
+                          "--set", "train.init=glied", "--set", "select.images=8")
+    assert code == 2  # the shipped GLIED file was read: its decoder is not the tiny SAT this run builds
+    assert output.startswith("error: glied: train.init holds a glied decoder"), output
