@@ -95,9 +95,10 @@ def test_an_architecture_id_names_its_shipped_file_and_an_unshipped_one_says_wha
     assert model_path(Path("glied")) == shipped_file("glied")
     (tmp_path / "glied").mkdir()  # a run directory of that name, here, is what the user means
     assert model_path(Path("glied")) == Path("glied")
-    for command in (["export", "--model", "a2", "--out", "x"], ["eval", "--model", "a2", "--data", "shapes"]):
+    for command in (["export", "--model", "stackcap", "--out", "x"],
+                    ["eval", "--model", "stackcap", "--data", "shapes"]):
         code, output = invoke(*command)
-        assert code == 2 and "no a2 checkpoint ships with this edgecap" in output, command
+        assert code == 2 and "no stackcap checkpoint ships with this edgecap" in output, command
     code, output = invoke("eval", "glied", "--model", str(tmp_path / "glied"), "--data", "shapes")
     assert code == 2 and "pass one, as RUN or as --model" in output
 
