@@ -52,7 +52,7 @@ def model_path(value: Path | None) -> Path | None:
     name = str(value)
     if name == DEFAULT_ID:
         return None
-    if shipped_file(name).is_file():
+    if shipped_file_or(value) != value:
         return shipped_file(name)
     shipped = ", ".join(shipped_ids())
     if name in MODELS:

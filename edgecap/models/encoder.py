@@ -64,7 +64,7 @@ class Backbone(nn.Module):
     """An ImageNet network less its classifier: captioning never runs it (1.3M of Lite2's 6.2M parameters), so no
     encoder holds or stores it, and loading drops it from the weights files that carry it."""
 
-    classifier_prefix = ""  # the classifier's key prefix in the network's ImageNet weights files
+    classifier_prefix: str  # the classifier's key prefix in the network's ImageNet weights files
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
         for key in [key for key in state_dict if key.startswith(prefix + self.classifier_prefix)]:
