@@ -23,7 +23,7 @@ from edgecap.models.encoder import build_encoder
 from edgecap.preprocess import Preprocessing
 from edgecap.runtime.manifest import Manifest, file_sha256
 from edgecap.vocab import Vocab
-from edgecap.weight_storage import require_int8_scales, stored_weights, weights_digest
+from edgecap.weight_storage import require_scales, stored_weights, weights_digest
 
 FORMAT = "edgecap-checkpoint/1"
 
@@ -101,7 +101,7 @@ def read_checkpoint(path: Path) -> dict:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ModelError(f"{path}: checkpoint format '{found}', expected '{FORMAT}'; re-train or upgrade edgecap")
     for part in ("decoder", "encoder"):
-        require_int8_scales(payload.get(part) or {}, path)
+        require_scales(payload.get(part) or {}, path)
     return payload
 
 

@@ -1,7 +1,8 @@
-"""Package a trained run as its architecture's shipped model: fp16 weights (or a weight-only INT8 decoder) + a card.
+"""Package a trained run as its architecture's shipped model: fp16 weights (or a weight-only INT8 or INT4 decoder)
+and a card.
 
 Usage: python scripts/ship_model.py RUN_DIR --eval-json EVAL.json --command "edgecap train ..." [--out MODEL.pt]
-       [--weights fp16|int8]
+       [--weights fp16|int8|int4]
 
 A run of another architecture than the default's, trained on the shipped default's encoder frozen, is stored as its
 decoder alone (the package carries that encoder once) and goes to edgecap/assets/models/ID/model.pt.
@@ -19,7 +20,7 @@ from edgecap.checkpoint import load_model, read_checkpoint, save_atomic
 from edgecap.config import DEFAULT_MODEL, SHIPPED, EncoderConfig
 from edgecap.models.encoder import build_encoder
 from edgecap.shipped import DEFAULT_ID, shipped_file
-from edgecap.weight_storage import MIN_INT8_ELEMENTS, pack_int8, stored_weights, weights_digest
+from edgecap.weight_storage import INT4_GROUP, MIN_INT8_ELEMENTS, pack_int4, pack_int8, stored_weights, weights_digest
 
 ARCHITECTURE_NAMES = {"sat": "Show, Attend and Tell", "spca": "SPCA", "stackcap": "Stack-Captioning",
                       "glied": "GLIED", "a2": "the A² attention-aligned Transformer"}
@@ -27,7 +28,10 @@ ARCHITECTURE_NAMES = {"sat": "Show, Attend and Tell", "spca": "SPCA", "stackcap"
 WEIGHT_FORMATS = {"fp16": "fp16",
                   "int8": f"decoder weight-only INT8 (matrices of {MIN_INT8_ELEMENTS:,}+ values as int8 with one "
                           "fp16 scale per row, its other tensors and any stored encoder fp16; the scores below are of "
-                          "these rounded weights)"}
+                          "these rounded weights)",
+                  "int4": f"decoder weight-only INT4 (matrices of {MIN_INT8_ELEMENTS:,}+ values as 4-bit integers "
+                          f"with one fp16 scale per {INT4_GROUP} inputs of a row, its other tensors and any stored "
+                          "encoder fp16; the scores below are of these rounded weights)"}
 
 
 def portable(path: str) -> str:
@@ -72,13 +76,15 @@ def main() -> None:
     parser.add_argument("run", type=Path)
     parser.add_argument("--eval-json", type=Path, required=True,
                         help="edgecap eval --json output on Flickr8k dev of the weights as stored; with --weights "
-                             "int8, evaluate a first --out file, then run again with its scores (packing repeats)")
+                             "int8 or int4, evaluate a first --out file, then run again with its scores (packing "
+                             "repeats)")
     parser.add_argument("--command", required=True, help="the exact training command line")
     parser.add_argument("--out", type=Path, help="where the weights go, MODEL_CARD.md beside them (default: the "
                                                  "architecture's shipped file)")
-    parser.add_argument("--weights", choices=("fp16", "int8"), default="fp16",
-                        help="int8: the decoder's large matrices as int8 with per-row scales, half fp16's size (the "
-                             "encoder stays fp16: INT8 costs a fine-tuned encoder more than the decoder)")
+    parser.add_argument("--weights", choices=tuple(WEIGHT_FORMATS), default="fp16",
+                        help="int8: the decoder's large matrices as int8 with per-row scales, half fp16's size; int4: "
+                             "as 4-bit values with a scale per group of inputs, about a quarter (the encoder stays "
+                             "fp16: rounding costs a fine-tuned encoder more than the decoder)")
     args = parser.parse_args()
     payload = read_checkpoint(args.run)
     out = args.out or shipped_file(payload["model_id"])
@@ -102,8 +108,8 @@ def pack(payload: dict, out: Path, weights: str) -> str:
         payload["encoder_config"]["weights"] = SHIPPED
     for part in ("decoder", "encoder") if payload["encoder"] is not None else ("decoder",):
         payload[part] = {k: v.half() if v.is_floating_point() else v for k, v in payload[part].items()}
-    if weights == "int8":
-        payload["decoder"] = pack_int8(payload["decoder"])
+    if weights in ("int8", "int4"):
+        payload["decoder"] = (pack_int8 if weights == "int8" else pack_int4)(payload["decoder"])
     return source
 
 

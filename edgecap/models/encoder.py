@@ -18,7 +18,7 @@ from torch import nn
 
 from edgecap.config import EncoderConfig
 from edgecap.errors import ModelError
-from edgecap.weight_storage import require_int8_scales, stored_weights
+from edgecap.weight_storage import require_scales, stored_weights
 
 # (repeats, kernel, stride, expand ratio, output channels) of EfficientNet-B0 / Lite0.
 LITE_STAGES = ((1, 3, 1, 1, 16), (2, 3, 2, 6, 24), (2, 5, 2, 6, 40), (3, 3, 2, 6, 80),
@@ -205,7 +205,7 @@ def read_encoder_weights(path: Path) -> dict[str, torch.Tensor]:
         payload = payload["encoder"]
     if not isinstance(payload, dict) or not all(isinstance(v, torch.Tensor) for v in payload.values()):
         raise ModelError(f"'{path}': holds no state dict; pass a torch state dict or an edgecap checkpoint")
-    require_int8_scales(payload, path)
+    require_scales(payload, path)
     return stored_weights(payload)
 
 
