@@ -9,7 +9,7 @@ from edgecap.checkpoint import read_checkpoint, save_atomic
 from edgecap.config import EncoderConfig, SCSTConfig, TrainConfig, XEConfig
 from edgecap.data.shapes import generate_shapes
 from edgecap.errors import EdgecapError
-from edgecap.weight_storage import INT8, pack_int8, stored_weights
+from edgecap.weight_storage import INT4, INT8, pack_int4, pack_int8, stored_weights
 from tests.helpers import invoke
 
 BATCH_NORM_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
@@ -122,13 +122,14 @@ def test_a_new_run_rewrites_the_vocabulary_a_killed_start_left(small_shapes, tmp
     assert "stale" not in json.loads((run / "vocab.json").read_text())["words"]
 
 
-def test_a_checkpoint_stored_with_int8_weights_starts_a_run_with_its_rounded_weights(small_shapes, source_run,
-                                                                                      tmp_path):
-    # The shipped default may store weight-only INT8: as train.init and encoder.weights it must give the weights
-    # it stands for, which scst_lr=0 leaves in the new run's checkpoint.
+@pytest.mark.parametrize("pack, suffix", [(pack_int8, INT8), (pack_int4, INT4)])
+def test_a_checkpoint_stored_with_quantised_weights_starts_a_run_with_its_rounded_weights(small_shapes, source_run,
+                                                                                          tmp_path, pack, suffix):
+    # A shipped checkpoint may store weight-only INT8 or INT4: as train.init and encoder.weights it must give the
+    # weights it stands for, which scst_lr=0 leaves in the new run's checkpoint.
     packed = read_checkpoint(source_run / "best.pt")
-    packed["decoder"], packed["encoder"] = pack_int8(packed["decoder"]), pack_int8(packed["encoder"])
-    source, run = tmp_path / "int8.pt", tmp_path / "run"
+    packed["decoder"], packed["encoder"] = pack(packed["decoder"]), pack(packed["encoder"])
+    source, run = tmp_path / "packed.pt", tmp_path / "run"
     save_atomic(packed, source)
     code, output = invoke("train", "--data", small_shapes, "--preset", "tiny", "--out", str(run),
                           "--set", f"train.init={source}", "--set", "xe.epochs=0", "--set", "scst.epochs=1",
@@ -136,7 +137,7 @@ def test_a_checkpoint_stored_with_int8_weights_starts_a_run_with_its_rounded_wei
                           "--set", f"encoder.weights={source}", "--cache-dir", str(tmp_path / "cache"))
     assert code == 0, output
     after = read_checkpoint(run / "best.pt")
-    assert any(k.endswith(INT8) for k in packed["decoder"]) and any(k.endswith(INT8) for k in packed["encoder"])
+    assert any(k.endswith(suffix) for k in packed["decoder"]) and any(k.endswith(suffix) for k in packed["encoder"])
     for part in ("decoder", "encoder"):
         expected = stored_weights(packed[part])
         weights = [k for k in expected if not k.endswith(BATCH_NORM_STATISTICS)]
