@@ -1,4 +1,4 @@
-"""scripts/ship_model.py, which turns a run into the shipped default: fp16 or INT8 weights that load (as a model
+"""scripts/ship_model.py, which turns a run into the shipped default: fp16, INT8 or INT4 weights that load (as a model
 and as another run's encoder.weights), and a card that names the architecture and the command."""
 import subprocess
 import sys
@@ -15,7 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ship_model.py"
 
 @needs_scoring
 @pytest.mark.slow
-@pytest.mark.parametrize("weights", ["fp16", "int8"])
+@pytest.mark.parametrize("weights", ["fp16", "int8", "int4"])
 def test_a_shipped_run_loads_from_its_stored_weights_and_its_card_names_architecture_and_command(
         tiny_export, tmp_path, weights):
     from edgecap.checkpoint import load_model, read_checkpoint
@@ -23,6 +23,7 @@ def test_a_shipped_run_loads_from_its_stored_weights_and_its_card_names_architec
     from edgecap.models.encoder import read_encoder_weights
     from edgecap.runtime.search import SearchOptions
     from edgecap.torch_backend import caption_images
+    from edgecap.weight_storage import pack_int4, stored_weights
 
     run = tiny_export / "run"
     scores = tmp_path / "eval.json"
@@ -37,14 +38,19 @@ def test_a_shipped_run_loads_from_its_stored_weights_and_its_card_names_architec
     payload = read_checkpoint(out)
     decoder, encoder = ({v.dtype for v in payload[part].values()} for part in ("decoder", "encoder"))
     assert torch.float32 not in decoder | encoder and torch.int8 not in encoder
-    assert (torch.int8 in decoder) == (weights == "int8")
+    assert (torch.int8 in decoder) == (weights == "int8") and (torch.uint8 in decoder) == (weights == "int4")
     card = (out.parent / "MODEL_CARD.md").read_text()
     assert card.startswith("# Shipped default model: Show, Attend and Tell on Flickr8k")
     assert command in card and "`model.pt`" in card
-    assert f"- Weights: {'fp16' if weights == 'fp16' else 'decoder weight-only INT8'} (" in card
+    assert f"- Weights: {'fp16' if weights == 'fp16' else f'decoder weight-only {weights.upper()}'} (" in card
     shipped, trained = load_model(out).model, load_model(run).model
+    if weights == "int4":  # 4-bit steps are too coarse for a tolerance: the very weights its packing stands for
+        expected = stored_weights(pack_int4({k: v.half() for k, v in trained.decoder.state_dict().items()}))
+        assert all(torch.equal(shipped.decoder.state_dict()[k], v) for k, v in expected.items())
     for name, weight in trained.decoder.state_dict().items():
-        assert torch.allclose(shipped.decoder.state_dict()[name], weight, atol=0.02 * weight.abs().max().item()), name
+        tolerance = 0.02 if weights != "int4" else 0.35  # a group's outlier may be clipped by up to 30%
+        assert torch.allclose(shipped.decoder.state_dict()[name], weight,
+                              atol=tolerance * weight.abs().max().item()), name
     encoder = shipped.encoder.state_dict()
     assert all(torch.equal(encoder[k], v) for k, v in read_encoder_weights(out).items())
     image = load_dataset("shapes").split("test")[0].path
