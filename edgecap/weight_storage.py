@@ -40,7 +40,8 @@ def pack_int8(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         elif _quantised(value):
             weight = value.detach().float()
             reduce = tuple(range(1, weight.dim()))
-            scale = (weight.abs().amax(dim=reduce, keepdim=True) / 127).clamp_min(1e-12).half()
+            scale = (weight.abs().amax(dim=reduce, keepdim=True) / 127).half()
+            scale[scale == 0] = 1.0  # an all-zero row (or one below fp16's range) rounds to zeros at any scale
             packed[name + INT8] = torch.round(weight / scale.float()).clamp(-127, 127).to(torch.int8)
             packed[name + SCALE] = scale
         else:
