@@ -95,7 +95,7 @@ def _damaged_int8_checkpoint(tmp_path: Path) -> Path:
     (_garbage, "efficientnet_lite0", "not a readable weights file"),
     (_frozen_checkpoint, "efficientnet_lite0", "stores no encoder"),
     (lambda tmp: _save_weights(tmp, "state dict", _lite0(seed=1)), "efficientnet_lite2", "do not fit"),
-    (_damaged_int8_checkpoint, "efficientnet_lite0", "INT8 weights without their scales"),
+    (_damaged_int8_checkpoint, "efficientnet_lite0", "quantised weights without their scales"),
 ])
 def test_a_bad_weights_file_is_a_one_line_error_naming_it(tmp_path, make, name, message):
     path = make(tmp_path)
@@ -106,7 +106,7 @@ def test_a_bad_weights_file_is_a_one_line_error_naming_it(tmp_path, make, name, 
 
 def test_a_damaged_int8_checkpoint_is_a_one_line_error_naming_it(tmp_path):
     path = _damaged_int8_checkpoint(tmp_path)
-    with pytest.raises(ModelError, match="INT8 weights without their scales") as err:
+    with pytest.raises(ModelError, match="quantised weights without their scales") as err:
         load_model(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
 
