@@ -30,6 +30,14 @@ def _quantised(value: torch.Tensor) -> bool:
     return value.is_floating_point() and value.dim() >= 2 and value.numel() >= MIN_INT8_ELEMENTS
 
 
+def _fp16_scale(scale: torch.Tensor) -> torch.Tensor:
+    """``scale`` as fp16, 1 where it is 0 there: an all-zero row or group (or one below fp16's range) rounds to zeros
+    at any scale, and a zero one would divide it into NaN."""
+    scale = scale.half()
+    scale[scale == 0] = 1.0
+    return scale
+
+
 def pack_int8(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` with every floating tensor of rank >= 2 and >= MIN_INT8_ELEMENTS values stored as int8 plus
     per-output-channel fp16 scales; the other floating tensors as fp16."""
@@ -40,8 +48,7 @@ def pack_int8(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         elif _quantised(value):
             weight = value.detach().float()
             reduce = tuple(range(1, weight.dim()))
-            scale = (weight.abs().amax(dim=reduce, keepdim=True) / 127).half()
-            scale[scale == 0] = 1.0  # an all-zero row (or one below fp16's range) rounds to zeros at any scale
+            scale = _fp16_scale(weight.abs().amax(dim=reduce, keepdim=True) / 127)
             packed[name + INT8] = torch.round(weight / scale.float()).clamp(-127, 127).to(torch.int8)
             packed[name + SCALE] = scale
         else:
@@ -75,15 +82,14 @@ def _least_squares_scale(grouped: torch.Tensor) -> torch.Tensor:
     """Each group's fp16 scale: of its largest value / 7 clipped by 0 to 30%, the one whose rounding errs least
     (seven levels a side leave most of a group's values too few steps unless a rare outlier is clipped)."""
     peak = grouped.abs().amax(dim=-1, keepdim=True) / 7
-    peak[peak.half() == 0] = 1.0  # an all-zero group (or one below fp16's range) rounds to zeros at any scale
 
     def error(scale: torch.Tensor) -> torch.Tensor:
         return ((torch.round(grouped / scale.float()).clamp(-7, 7) * scale.float() - grouped) ** 2).sum(-1, True)
 
-    best = peak.half()
+    best = _fp16_scale(peak)
     best_error = error(best)
     for clip in (0.95, 0.9, 0.85, 0.8, 0.75, 0.7):
-        scale = (peak * clip).half()
+        scale = _fp16_scale(peak * clip)
         scale_error = error(scale)
         better = scale_error < best_error
         best, best_error = torch.where(better, scale, best), torch.where(better, scale_error, best_error)

@@ -32,6 +32,7 @@ WEIGHT_FORMATS = {"fp16": "fp16",
                   "int4": f"decoder weight-only INT4 (matrices of {MIN_INT8_ELEMENTS:,}+ values as 4-bit integers "
                           f"with one fp16 scale per {INT4_GROUP} inputs of a row, its other tensors and any stored "
                           "encoder fp16; the scores below are of these rounded weights)"}
+PACKERS = {"int8": pack_int8, "int4": pack_int4}  # the decoder's packing of each weight-only format
 
 
 def portable(path: str) -> str:
@@ -108,8 +109,8 @@ def pack(payload: dict, out: Path, weights: str) -> str:
         payload["encoder_config"]["weights"] = SHIPPED
     for part in ("decoder", "encoder") if payload["encoder"] is not None else ("decoder",):
         payload[part] = {k: v.half() if v.is_floating_point() else v for k, v in payload[part].items()}
-    if weights in ("int8", "int4"):
-        payload["decoder"] = (pack_int8 if weights == "int8" else pack_int4)(payload["decoder"])
+    if weights in PACKERS:
+        payload["decoder"] = PACKERS[weights](payload["decoder"])
     return source
 
 
