@@ -6,7 +6,9 @@ the annotation vectors with the hidden state of stage i-1 (stacked attention) an
 refines it. Every stage has its own output layer: training supervises all of them,
 inference reads the last. Same step contract as SAT (``prepare`` / ``step`` /
 teacher-forced ``forward``), with ``stage_step`` exposing every stage for the
-coarse-to-fine reinforcement learning of ``edgecap.training.c2f``.
+coarse-to-fine reinforcement learning of ``edgecap.training.c2f``. With no fine stage
+(``fine_stages=0``) the model is the paper's coarse baseline: an LSTM that reads the mean
+annotation vector, which is attention spread evenly over the cells.
 """
 
 from __future__ import annotations
@@ -52,11 +54,11 @@ class StackCapConfig:
     hidden_dim: int = 512  # h and c of every stage's LSTM
     att_dim: int = 512  # hidden size of each fine stage's attention MLP
     dropout: float = 0.5  # on every stage's h_t before its output layer
-    fine_stages: int = 2  # N_f fine attention LSTMs after the coarse one
+    fine_stages: int = 2  # N_f fine attention LSTMs after the coarse one (0: the coarse stage alone)
 
     def __post_init__(self):
-        if self.fine_stages < 1:
-            raise ModelError(f"stackcap needs fine_stages >= 1, got {self.fine_stages}")
+        if self.fine_stages < 0:
+            raise ModelError(f"stackcap needs fine_stages >= 0, got {self.fine_stages}")
 
 
 class StackCap(nn.Module):
@@ -99,7 +101,8 @@ class StackCap(nn.Module):
         """One time step of the coarse-to-fine chain for embedded words y (N, E).
 
         Returns the logits (N, V) of every stage (coarse first) or, for inference, of the
-        last one only; the new (h, c) of every stage; the last fine stage's attention (N, L).
+        last one only; the new (h, c) of every stage; the last fine stage's attention (N, L),
+        uniform when there is none (the coarse stage reads the cells' mean).
         """
         features = memory[spec.MEMORY_FEATURES]
         h, c = self.coarse(torch.cat([y, memory[MEMORY_MEAN], hc[-1][0]], dim=-1), hc[0])
@@ -112,6 +115,8 @@ class StackCap(nn.Module):
             context = torch.bmm(alpha.unsqueeze(1), features).squeeze(1)
             h, c = self.fine[i](torch.cat([query, context], dim=-1), hc[i + 1])
             new.append((h, c))
+        if not self.attention:  # the coarse stage alone: the mean it reads is attention spread evenly
+            alpha = torch.full_like(features[..., 0], 1.0 / features.shape[1])
         heads = range(len(new)) if every_stage else [len(new) - 1]
         return [self.out[k](self.dropout(new[k][0])) for k in heads], new, alpha
 
@@ -151,5 +156,5 @@ class StackCap(nn.Module):
                 collected.append(x)
             alphas.append(alpha)
         stages = [torch.log_softmax(torch.stack(x, 1), dim=-1) for x in logits]
-        return DecoderOutput(stages[-1], torch.stack(alphas, 1), doubly_stochastic=True,
+        return DecoderOutput(stages[-1], torch.stack(alphas, 1), doubly_stochastic=len(self.stages) > 1,
                              stage_logprobs=tuple(stages[:-1]))

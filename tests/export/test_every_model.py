@@ -1,7 +1,8 @@
 """Every registered model goes the whole way on generated shapes: tiny training, export, fp32 ORT parity.
 
 The parametrisation is the registry itself, so a model added to ``edgecap.models.MODELS`` is covered here
-without anyone remembering to add it. SAT's own export is ``tiny_export`` (tests/conftest.py).
+without anyone remembering to add it, and so is Stack-Captioning's coarse stage alone, whose step has no
+attention module. SAT's own export is ``tiny_export`` (tests/conftest.py).
 """
 
 import json
@@ -22,11 +23,14 @@ def _interface(path):
 
 @needs_scoring
 @pytest.mark.slow
-@pytest.mark.parametrize("model_id", sorted(set(MODELS) - {"sat"}))
-def test_model_trains_exports_and_passes_fp32_parity(model_id, tmp_path):
+@pytest.mark.parametrize("model_id, settings",
+                         [*(pytest.param(m, (), id=m) for m in sorted(set(MODELS) - {"sat"})),
+                          pytest.param("stackcap", ("model.fine_stages=0",), id="stackcap-coarse")])
+def test_model_trains_exports_and_passes_fp32_parity(model_id, settings, tmp_path):
     run, exported = tmp_path / "run", tmp_path / "exp"
     code, output = invoke("train", "--model", model_id, "--data", "shapes", "--preset", "tiny", "--out", str(run),
-                          "--max-steps", "200", "--set", "select.images=20")
+                          "--max-steps", "200", "--set", "select.images=20",
+                          *(arg for setting in settings for arg in ("--set", setting)))
     assert code == 0, output
     code, output = invoke("export", str(run), "--out", str(exported), "--precision", "fp32,fp16")
     assert code == 0, output

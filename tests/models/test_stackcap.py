@@ -9,7 +9,7 @@ TINY = {"vocab_size": 40, "feature_dim": 16, "num_locations": 9, "annotation_dim
         "hidden_dim": 12, "att_dim": 10, "dropout": 0.0}
 
 
-@pytest.mark.parametrize("fine_stages", [1, 2, 3])
+@pytest.mark.parametrize("fine_stages", [0, 1, 2, 3])
 def test_iterating_step_equals_teacher_forced_forward_for_every_stage(fine_stages):
     torch.manual_seed(0)
     model = build_model("stackcap", {**TINY, "fine_stages": fine_stages}).eval()
@@ -76,7 +76,17 @@ def test_a_few_adamw_steps_lower_the_summed_cross_entropy():
     assert summed_xe().item() < 0.8 * first.item()
 
 
-def test_registry_lists_stackcap_and_rejects_no_fine_stage():
+def test_the_coarse_stage_alone_attends_evenly_and_skips_the_doubly_stochastic_term():
+    model = build_model("stackcap", {**TINY, "fine_stages": 0})
+    memory, state = model.prepare(torch.randn(2, 9, 16))
+    assert set(memory) == {spec.MEMORY_FEATURES, "memory.mean_feature"}
+    assert set(state) == {"state.h.coarse", "state.c.coarse"}
+    out = model(torch.randn(2, 9, 16), torch.randint(0, 40, (2, 4)))
+    torch.testing.assert_close(out.attention, torch.full((2, 4, 9), 1 / 9))
+    assert out.stage_logprobs == () and not out.doubly_stochastic
+
+
+def test_registry_lists_stackcap_and_rejects_negative_fine_stages():
     assert MODELS["stackcap"].classes()[1].__name__ == "StackCap"
     with pytest.raises(ModelError, match="fine_stages"):
-        build_model("stackcap", {**TINY, "fine_stages": 0})
+        build_model("stackcap", {**TINY, "fine_stages": -1})
