@@ -156,5 +156,5 @@ class StackCap(nn.Module):
                 collected.append(x)
             alphas.append(alpha)
         stages = [torch.log_softmax(torch.stack(x, 1), dim=-1) for x in logits]
-        return DecoderOutput(stages[-1], torch.stack(alphas, 1), doubly_stochastic=len(self.stages) > 1,
+        return DecoderOutput(stages[-1], torch.stack(alphas, 1), doubly_stochastic=bool(self.attention),
                              stage_logprobs=tuple(stages[:-1]))
