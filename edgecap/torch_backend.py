@@ -29,10 +29,12 @@ if TYPE_CHECKING:  # scoring needs pycocoevalcap (the metrics extra); captioning
 
 
 class TorchSession:
-    """Holds memory and state as torch tensors for N rows; implements the runtime's StepSession."""
+    """Holds memory and state as torch tensors for N rows, on the features' device (a GPU during training's dev
+    selection); implements the runtime's StepSession, whose arrays stay numpy on the CPU."""
 
     def __init__(self, decoder: nn.Module, features: torch.Tensor, k: int):
         self.decoder = decoder
+        self.device = features.device
         self.memory, self.state = decoder.prepare(features)
         self.k = k
 
@@ -40,18 +42,19 @@ class TorchSession:
     def step(self, tokens: np.ndarray, reorder: np.ndarray, position: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         logprobs, attention = self._advance(tokens, reorder, position)
         top = logprobs.topk(min(self.k, logprobs.shape[-1]), dim=-1)
-        return top.values.numpy(), top.indices.numpy(), attention.numpy()
+        return top.values.cpu().numpy(), top.indices.cpu().numpy(), attention.cpu().numpy()
 
     @torch.no_grad()
     def step_logprobs(self, tokens: np.ndarray, reorder: np.ndarray, position: int) -> np.ndarray:
         """Full log-probs float32 (N, V) of one step, for parity's teacher-forced check."""
-        return self._advance(tokens, reorder, position)[0].numpy()
+        return self._advance(tokens, reorder, position)[0].cpu().numpy()
 
     def _advance(self, tokens: np.ndarray, reorder: np.ndarray, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.from_numpy(np.ascontiguousarray(reorder, dtype=np.int64))
+        rows = torch.from_numpy(np.ascontiguousarray(reorder, dtype=np.int64)).to(self.device)
         state = {name: value.index_select(0, rows) for name, value in self.state.items()}
-        logprobs, self.state, attention = self.decoder.step(torch.from_numpy(tokens.astype(np.int64)), state,
-                                                            self.memory, torch.tensor(position))
+        tokens = torch.from_numpy(tokens.astype(np.int64)).to(self.device)
+        logprobs, self.state, attention = self.decoder.step(tokens, state, self.memory,
+                                                            torch.tensor(position, device=self.device))
         return logprobs, attention
 
     def tile(self, beam_size: int) -> None:
@@ -99,14 +102,16 @@ def search_features(decoder: nn.Module, features: np.ndarray | torch.Tensor, voc
 @torch.no_grad()
 def search_features_n(decoder: nn.Module, features: np.ndarray | torch.Tensor, vocab: Vocab, options: SearchOptions,
                       *, batch_size: int = 100) -> list[list[Hypothesis]]:
-    """``options.n_best`` hypotheses per image of grid features (N, L, C), best first."""
+    """``options.n_best`` hypotheses per image of grid features (N, L, C), best first, searched on the decoder's
+    device."""
     decoder.eval()
+    device = next(decoder.parameters()).device
     found: list[list[Hypothesis]] = []
     for start in range(0, len(features), batch_size):
         chunk = features[start:start + batch_size]
         # A read-only fp16 memmap slice is copied to a writable float32 array (torch warns on read-only memory).
         chunk = chunk.float() if isinstance(chunk, torch.Tensor) else torch.from_numpy(np.array(chunk, np.float32))
-        found += decode(TorchSession(decoder, chunk, options.k), len(chunk), options, vocab)
+        found += decode(TorchSession(decoder, chunk.to(device), options.k), len(chunk), options, vocab)
     return found
 
 

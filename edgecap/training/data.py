@@ -112,11 +112,12 @@ class ImageFeatures:
         self.model = model
         self.prep = prep
         self.mirrored = mirrored
-        self.cached: dict[bool, np.ndarray] = {}
+        self.cached: dict[bool, np.ndarray | torch.Tensor] = {}
         if not encoder_config.finetune:
             self.cached = {flip: cached_features(records, encoder_config, prep, directory=cache_dir,
                                                  label=f"{label} (mirrored)" if flip else label, mirrored=flip)
                            for flip in ((False, True) if mirrored else (False,))}
+            self.cached = _on_gpu_if_room(self.cached, next(model.parameters()).device)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -131,12 +132,12 @@ class ImageFeatures:
         if flipped.any() and not self.mirrored:
             raise ValueError("mirrored rows were asked for, but this split was built without the mirrored photos")
         if self.cached:
-            rows = np.empty((len(indices), *self.cached[False].shape[1:]), np.float32)  # each row read once
+            rows = torch.empty((len(indices), *self.cached[False].shape[1:]), dtype=torch.float32, device=device)
             for flip in (False, True):
-                chosen = flipped == flip
-                if chosen.any():
-                    rows[chosen] = _gather(self.cached[flip], indices[chosen])
-            return torch.from_numpy(rows).to(device)
+                chosen = np.flatnonzero(flipped == flip)
+                if len(chosen):
+                    rows[torch.from_numpy(chosen).to(device)] = _gather(self.cached[flip], indices[chosen], device)
+            return rows
         pixels = torch.from_numpy(load_images([self.records[i].path for i in indices], self.prep))
         chosen = torch.from_numpy(flipped)
         pixels[chosen] = pixels[chosen].flip(-1)
@@ -151,6 +152,17 @@ class ImageFeatures:
         return features, torch.from_numpy(view_of).to(features.device)
 
 
-def _gather(cache: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """cache[indices] read in ascending order (sequential on a memmap), returned in the asked order."""
-    return cache[np.sort(indices)][np.argsort(np.argsort(indices))]
+def _on_gpu_if_room(cached: dict[bool, np.ndarray], device: torch.device) -> dict[bool, np.ndarray | torch.Tensor]:
+    """The caches as fp16 tensors on a CUDA ``device`` when they take under half its free memory: each batch is then
+    gathered there instead of read, converted and copied by the CPU, which would starve the GPU. Else as they are."""
+    if device.type != "cuda" or sum(c.nbytes for c in cached.values()) > torch.cuda.mem_get_info(device)[0] / 2:
+        return cached
+    return {flip: torch.from_numpy(np.array(c)).to(device) for flip, c in cached.items()}
+
+
+def _gather(cache: np.ndarray | torch.Tensor, indices: np.ndarray, device: torch.device) -> torch.Tensor:
+    """cache[indices] as float32 on ``device``; a memmap is read in ascending order (sequentially), returned in the
+    asked order."""
+    if isinstance(cache, torch.Tensor):
+        return cache[torch.from_numpy(indices).to(cache.device)].float()
+    return torch.from_numpy(cache[np.sort(indices)][np.argsort(np.argsort(indices))]).to(device).float()

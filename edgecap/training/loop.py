@@ -9,7 +9,6 @@ so a kill loses at most the epoch in progress.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import math
 import time
@@ -205,11 +204,8 @@ class Trainer:
         """Dev CIDEr-D (0-100 scale) of beam search through the runtime's search, the number selection uses."""
         self.model.eval()
         options = SearchOptions(beam_size=self.cfg.select.beam, max_length=self.cfg.max_caption_length)
-        features = self.dev_features.get(np.arange(len(self.dev_records))).cpu()
-        decoder = self.model.decoder
-        if self.dist.device.type != "cpu":  # the runtime's search feeds the decoder CPU tensors
-            decoder = copy.deepcopy(decoder).cpu()
-        captions = captions_of(search_features(decoder, features, self.vocab, options), self.vocab)
+        features = self.dev_features.get(np.arange(len(self.dev_records)))
+        captions = captions_of(search_features(self.model.decoder, features, self.vocab, options), self.vocab)
         ids = [r.image_id for r in self.dev_records]
         return 100.0 * float(self.dev_cider.score(ids, [c.split() for c in captions]).mean())
 

@@ -43,7 +43,7 @@ def sample_captions(decoder: nn.Module, features: torch.Tensor, *, samples: int,
     alive = torch.ones(rows, dtype=torch.bool, device=features.device)
     out_tokens, out_logprobs, out_mask = [], [], []
     for t in range(max_length + 1):
-        position = torch.tensor(t)
+        position = torch.tensor(t, device=features.device)
         if stages:
             logprobs, state, _ = decoder.stage_step(tokens, state, memory, position)
             logprobs = torch.stack(logprobs)  # (K, rows, V)

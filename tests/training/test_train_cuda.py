@@ -57,3 +57,18 @@ def test_a_run_trains_on_the_gpu_and_its_checkpoints_load_on_the_cpu(tmp_path):
     code, output = invoke("train", "--out", str(run), "--resume")
     assert code == 0, output
     assert read_checkpoint(run / "last.pt")["train_state"]["weight_average"]["updates"] > 60
+
+
+def test_a_transformer_on_a_frozen_encoder_caches_selects_and_samples_on_the_gpu(tmp_path):
+    """The feature cache is filled on the GPU and held there; dev selection and self-critical sampling step the
+    Transformer there, its position index included."""
+    from tests.helpers import invoke
+
+    run = tmp_path / "a2"
+    code, output = invoke("train", "--data", "shapes", "--preset", "tiny", "--model", "a2", "--out", str(run),
+                          "--max-steps", "30", "--scst-epochs", "1", "--set", "select.images=10",
+                          "--set", "encoder.finetune=false", "--cache-dir", str(tmp_path / "cache"))
+    assert code == 0, output
+    phases = [json.loads(line)["phase"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "xe" in phases and "scst" in phases
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 2  # train and dev, filled by the GPU
