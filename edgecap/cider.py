@@ -41,19 +41,24 @@ class CiderD:
     corpus costs GBs (and shuffled epochs give a bounded cache few hits).
     """
 
-    def __init__(self, references: Mapping[str, Sequence[Sequence[str]]], *, n: int = 4, sigma: float = 6.0):
+    def __init__(self, references: Mapping[str, Sequence[Sequence[str]]], *, n: int = 4, sigma: float = 6.0,
+                 end_token: str | None = None):
+        """With ``end_token``, every reference and candidate ends with it, so a caption's last words are scored as
+        an ending (a self-critical reward then pays for stopping where references stop, not only for what came
+        before); None scores them as pycocoevalcap does."""
         if not references:
             raise ValueError("CiderD needs a non-empty reference corpus")
         if n < 1 or sigma <= 0:
             raise ValueError(f"CiderD needs n >= 1 and sigma > 0, got n={n}, sigma={sigma}")
         self.n = n
         self.sigma = sigma
+        self._end = (end_token,) if end_token else ()
         self._references: dict[str, tuple[tuple[str, ...], ...]] = {}
         document_frequency: Counter[NGram] = Counter()
         for image_id, refs in references.items():
             if not refs or any(isinstance(ref, str) for ref in refs):
                 raise ValueError(f"image {image_id!r}: references must be a non-empty list of token lists")
-            refs = self._references[image_id] = tuple(tuple(ref) for ref in refs)
+            refs = self._references[image_id] = tuple(tuple(ref) + self._end for ref in refs)
             document_frequency.update({g for ref in refs for k in range(1, n + 1) for g in _ngrams(ref, k)})
         # pycocoevalcap's "ref_len": log of the number of images in the corpus.
         self._log_images = math.log(len(self._references))
@@ -125,7 +130,7 @@ class CiderD:
             refs = indexed.get(image_id)
             if refs is None:
                 refs = indexed[image_id] = self._reference_index(image_id)
-            scores[i] = self._score_one(words, refs)
+            scores[i] = self._score_one([*words, *self._end], refs)
         return scores
 
 

@@ -109,6 +109,7 @@ class SCSTConfig:
     batch_images: int = 32  # images per step, over all processes
     mirror_share: float = 0.0  # share of images sampled on their photo flipped left-right, scored against their
     # references with "left" and "right" swapped
+    score_end: bool = False  # the reward's CIDEr-D also scores each caption's end token against the references' ends
 
     def __post_init__(self):
         if self.baseline not in ("mean", "greedy"):

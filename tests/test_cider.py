@@ -102,6 +102,20 @@ def test_several_candidates_per_image():
     assert scores[1] == cider.score(["3"], [["a", "dog"]])[0]
 
 
+def test_end_token_scores_where_a_caption_stops():
+    references = {"0": [["a", "dog", "runs", "on", "the", "grass"], ["a", "brown", "dog", "runs"]],
+                  "1": [["a", "man", "walks", "down", "the", "street"], ["a", "man", "stands", "in", "a", "city"]]}
+    plain, ended = CiderD(references), CiderD(references, end_token="<eos>")
+    cut_short, reference_ending = ["a", "dog", "runs", "on", "the"], ["a", "dog", "runs"]
+    # The same words with the end token appended on both sides, spelled out, give the same scores.
+    spelled = CiderD({i: [[*ref, "<eos>"] for ref in refs] for i, refs in references.items()})
+    for words in (cut_short, reference_ending):
+        assert ended.score(["0"], [words])[0] == spelled.score(["0"], [[*words, "<eos>"]])[0]
+    # A caption stopped mid-phrase loses reward; one stopping where a reference stops gains.
+    assert ended.score(["0"], [cut_short])[0] < plain.score(["0"], [cut_short])[0]
+    assert ended.score(["0"], [reference_ending])[0] > plain.score(["0"], [reference_ending])[0]
+
+
 def test_rejects_bad_input():
     references, _ = synthetic_split(5, seed=3)
     cider = CiderD(references)

@@ -47,7 +47,7 @@ from edgecap.training.hard_attention import hard_attention_loss
 from edgecap.training.losses import word_nll, xe_loss
 from edgecap.training.runs import RunSpec, last_phase, reopen, run_spec, write_run_files
 from edgecap.training.state import TrainState
-from edgecap.vocab import PAD, Vocab
+from edgecap.vocab import EOS, PAD, SPECIALS, Vocab
 from edgecap.weight_storage import stored_weights
 
 
@@ -293,7 +293,8 @@ class Trainer:
     def _scst_epoch(self, epoch: int) -> float:
         cfg = self.cfg.scst
         if self.train_cider is None:
-            self.train_cider = CiderD(tokenised_references(self.train_records, mirrored=cfg.mirror_share > 0))
+            self.train_cider = CiderD(tokenised_references(self.train_records, mirrored=cfg.mirror_share > 0),
+                                      end_token=SPECIALS[EOS] if cfg.score_end else None)
         order = np.random.default_rng(self.cfg.seed + 1000 + epoch).permutation(len(self.train_records))
         flipped = np.random.default_rng(self.cfg.seed + 3000 + epoch).random(len(order)) < cfg.mirror_share
         self._train_mode()
