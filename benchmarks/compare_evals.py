@@ -2,7 +2,8 @@
 paired-bootstrap 95% interval over the photos, from two `edgecap eval --json` reports of one split and decoding.
 
 A difference whose interval spans zero is within the noise of that many photos: train a second seed of each, or
-score more photos, before calling either ahead.
+score more photos, before calling either ahead. It also prints how the captions' shape moved (mean words, and how
+many end on the candidate's most common last word): self-critical training that games its reward shows there first.
 
     python benchmarks/compare_evals.py BASELINE.json CANDIDATE.json [--json OUT]
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,20 @@ def compare(baseline: dict[str, float], candidate: dict[str, float]) -> dict:
             "delta_cider": float(b.mean() - a.mean()), "delta_cider_ci95": [low, high], "says": says}
 
 
+def caption_shape(baseline: dict[str, str], candidate: dict[str, str]) -> dict:
+    """Mean words a caption in each report, and how many captions of each end on the candidate's most common last
+    word."""
+    endings = Counter(words[-1] for words in map(str.split, candidate.values()) if words)
+    ending = endings.most_common(1)[0][0] if endings else ""
+
+    def shape(captions: dict[str, str]) -> dict:
+        words = [caption.split() for caption in captions.values()]
+        return {"words": float(np.mean([len(w) for w in words])) if words else 0.0,
+                "ending_count": sum(1 for w in words if w and w[-1] == ending), "captions": len(words)}
+
+    return {"ending": ending, "baseline": shape(baseline), "candidate": shape(candidate)}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("baseline", type=Path)
@@ -64,10 +80,14 @@ def main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     result = compare(baseline, candidate)
+    result["caption_shape"] = shape = caption_shape(base_report.get("captions", {}), cand_report.get("captions", {}))
     low, high = result["delta_cider_ci95"]
     print(f"CIDEr-D on {result['photos']} photos: baseline {result['baseline']:.2f} ({args.baseline}), candidate "
           f"{result['candidate']:.2f} ({args.candidate})")
     print(f"ΔCIDEr-D {result['delta_cider']:+.2f} (95% interval {low:+.2f} .. {high:+.2f}): {result['says']}")
+    print("captions: " + "; ".join(
+        f"{name} {shape[name]['words']:.1f} words, {shape[name]['ending_count']} of {shape[name]['captions']} end "
+        f"'{shape['ending']}'" for name in ("baseline", "candidate")))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -12,10 +12,11 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_evals.py"
 PHOTOS = [f"photo{i}" for i in range(400)]
 
 
-def _report(path: Path, scores: np.ndarray, beam: int = 3, photos: list[str] = PHOTOS) -> Path:
+def _report(path: Path, scores: np.ndarray, beam: int = 3, photos: list[str] = PHOTOS,
+            captions: list[str] = ("a dog",)) -> Path:
     """An eval report as `edgecap eval --json` writes it: per-photo CIDEr-D on pycocoevalcap's raw scale."""
     report = {"metrics": {"CIDEr": float(scores.mean())}, "beam": beam, "length_penalty": 0.0,
-              "block_trigrams": False, "captions": {p: "a dog" for p in photos},
+              "block_trigrams": False, "captions": {p: captions[i % len(captions)] for i, p in enumerate(photos)},
               "per_image_cider": dict(zip(photos, map(float, scores), strict=True))}
     path.write_text(json.dumps(report))
     return path
@@ -59,3 +60,14 @@ def test_reports_that_cannot_be_paired_are_one_line_errors_naming_the_file(tmp_p
         result = _compare(baseline, candidate)
         assert result.returncode == 2 and message in result.stderr and str(candidate) in result.stderr, result.stderr
         assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_captions_shape_is_compared_on_the_candidate_s_most_common_ending(tmp_path, scores):
+    base, _ = scores
+    baseline = _report(tmp_path / "base.json", base, captions=["a dog runs on the grass", "a man walks down the street",
+                                                               "two children play in the water", "a dog jumps high"])
+    candidate = _report(tmp_path / "cand.json", base, captions=["a dog on the street", "a man on the street"])
+    result = _compare(baseline, candidate, "--json", tmp_path / "out.json")
+    assert result.returncode == 0, result.stderr
+    assert "baseline 5.5 words, 100 of 400 end 'street'; candidate 5.0 words, 400 of 400 end 'street'" in result.stdout
+    assert json.loads((tmp_path / "out.json").read_text())["caption_shape"]["ending"] == "street"
