@@ -5,12 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from edgecap.data import load_dataset
-from edgecap.data.shapes import generate_shapes
 from edgecap.training.data import epoch_order
-from edgecap.training.loop import Trainer
 from edgecap.training.losses import xe_loss
-from edgecap.training.runs import resolve_run
 from edgecap.vocab import PAD
 
 PHOTOS = np.repeat(np.arange(6), [5, 5, 5, 3, 7, 5])  # the photo of each caption pair; one has 7, one 3
@@ -34,11 +30,8 @@ def test_grouped_captions_are_adjacent_with_one_flip_and_every_pair_comes_once(s
     assert flipped.any() and not flipped.all()
 
 
-def test_a_grouped_batch_encodes_each_photo_view_once_and_keeps_the_per_caption_loss(tmp_path):
-    json_path = generate_shapes(tmp_path / "shapes", n_train=8, n_dev=2, n_test=0)
-    spec = resolve_run("sat", f"karpathy:{json_path}", "tiny", ["xe.captions_per_image=5", "xe.mirror_share=0.5"])
-    (tmp_path / "run").mkdir()
-    trainer = Trainer(tmp_path / "run", spec, load_dataset(spec.data), cache_dir=tmp_path / "cache")
+def test_a_grouped_batch_encodes_each_photo_view_once_and_keeps_the_per_caption_loss(shapes_trainer):
+    trainer = shapes_trainer(["xe.captions_per_image=5", "xe.mirror_share=0.5"])
     trainer.model.eval()  # no dropout: the two losses must agree to rounding
     order, flipped = epoch_order(trainer.pairs.image_index, captions_per_image=5, mirror_share=0.5, seed=0)
     rows = order[:12]
@@ -53,5 +46,5 @@ def test_a_grouped_batch_encodes_each_photo_view_once_and_keeps_the_per_caption_
     tokens = tokens[:, :int((tokens != PAD).sum(1).max())]
     out = trainer.model.decoder(get(trainer.pairs.image_index[rows], flipped[rows]), tokens[:, :-1])
     mask = (tokens[:, 1:] != PAD).float()
-    expected, _ = xe_loss(out, tokens[:, 1:], mask, spec.train.xe, n_tokens=mask.sum(), n_rows=len(rows))
+    expected, _ = xe_loss(out, tokens[:, 1:], mask, trainer.cfg.xe, n_tokens=mask.sum(), n_rows=len(rows))
     torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-5)

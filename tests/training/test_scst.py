@@ -3,12 +3,8 @@ import pytest
 import torch
 
 from edgecap.cider import CiderD
-from edgecap.data import load_dataset
-from edgecap.data.shapes import generate_shapes
 from edgecap.models import MODELS, build_model
 from edgecap.training.data import tokenised_references
-from edgecap.training.loop import Trainer
-from edgecap.training.runs import resolve_run
 from edgecap.training.scst import policy_samples, sample_captions, scst_loss, words_of
 from edgecap.vocab import EOS, PAD, Vocab
 
@@ -110,12 +106,8 @@ def test_transformers_score_their_samples_in_one_pass_with_the_step_loop_s_gradi
 
 
 @pytest.mark.parametrize("score_end", [False, True])
-def test_the_training_reward_scores_caption_ends_when_asked(tmp_path, score_end):
-    json_path = generate_shapes(tmp_path / "shapes", n_train=8, n_dev=2, n_test=0)
-    spec = resolve_run("sat", f"karpathy:{json_path}", "tiny",
-                       ["scst.epochs=1", "scst.batch_images=4", f"scst.score_end={score_end}"])
-    (tmp_path / "run").mkdir()
-    trainer = Trainer(tmp_path / "run", spec, load_dataset(spec.data), cache_dir=tmp_path / "cache")
+def test_the_training_reward_scores_caption_ends_when_asked(shapes_trainer, score_end):
+    trainer = shapes_trainer(["scst.epochs=1", "scst.batch_images=4", f"scst.score_end={score_end}"])
     trainer._scst_epoch(0)  # builds the training corpus the rewards come from
     references = tokenised_references(trainer.train_records)
     image_id = trainer.train_records[0].image_id

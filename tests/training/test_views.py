@@ -18,8 +18,6 @@ from edgecap.models.caption_model import CaptionModel
 from edgecap.models.encoder import build_encoder, grid_features
 from edgecap.preprocess import Preprocessing, load_images
 from edgecap.training.data import ImageFeatures, caption_pairs, mirrored_id, mirrored_token_table, tokenised_references
-from edgecap.training.loop import Trainer
-from edgecap.training.runs import resolve_run
 from edgecap.vocab import Vocab
 from tests.helpers import invoke
 
@@ -122,12 +120,8 @@ def test_a_mirrored_reference_corpus_holds_both_views_with_left_and_right_swappe
 
 
 @pytest.mark.parametrize("mirror", [0.0, 1.0])
-def test_self_critical_images_are_sampled_and_scored_on_the_view_the_share_picks(tmp_path, mirror):
-    json_path = generate_shapes(tmp_path / "shapes", n_train=8, n_dev=2, n_test=0)
-    spec = resolve_run("sat", f"karpathy:{json_path}", "tiny",
-                       ["scst.epochs=1", "scst.batch_images=4", f"scst.mirror_share={mirror}"])
-    (tmp_path / "run").mkdir()
-    trainer = Trainer(tmp_path / "run", spec, load_dataset(spec.data), cache_dir=tmp_path / "cache")
+def test_self_critical_images_are_sampled_and_scored_on_the_view_the_share_picks(shapes_trainer, mirror):
+    trainer = shapes_trainer(["scst.epochs=1", "scst.batch_images=4", f"scst.mirror_share={mirror}"])
     asked, scored = [], []
     get = trainer.train_features.get
 
@@ -142,7 +136,7 @@ def test_self_critical_images_are_sampled_and_scored_on_the_view_the_share_picks
     trainer._scst_epoch(1)
     assert len(asked) == 16 and all(flip == bool(mirror) for flip in asked)
     flipped = {mirrored_id(r.image_id) for r in trainer.train_records}
-    assert len(scored) == 8 * spec.train.scst.samples and all((i in flipped) == bool(mirror) for i in scored)
+    assert len(scored) == 8 * trainer.cfg.scst.samples and all((i in flipped) == bool(mirror) for i in scored)
 
 
 def test_a_frozen_run_with_mirroring_trains_and_caches_both_views(tmp_path):
