@@ -90,7 +90,7 @@ def train(
     result = run_training(run_dir=out, spec=spec, resume=resume, changes=overrides if resume else (),
                           cache_dir=cache_dir, nproc=nproc)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary rather than one per rank
-        typer.echo(f"best dev CIDEr-D {result['best_dev_cider']:.2f} after {result['steps']} steps; "
+        typer.echo(f"{result['steps']} steps trained; best dev CIDEr-D {result['best_dev_cider']:.2f}, "
                    f"model: {out / 'best.pt'}")
 
 
