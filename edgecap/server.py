@@ -19,7 +19,6 @@ import json
 import multiprocessing as mp
 import os
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from edgecap.preprocess import load_image_bytes
 from edgecap.runtime.inflight import Busy, InflightScheduler, SchedulerOptions, StaticScheduler
 from edgecap.runtime.pipeline import Captioner
 from edgecap.runtime.search import SearchOptions
-from edgecap.server_metrics import WorkerMetrics, exposition, http_metrics, start_metrics_dir
+from edgecap.server_metrics import WorkerMetrics, exposition, http_metrics, metrics_dir
 
 SCHEDULERS = {"inflight": InflightScheduler, "static": StaticScheduler}
 RETRY_AFTER_S = 1  # what a busy answer suggests: about one caption's time at load on a small CPU
@@ -265,7 +264,6 @@ def serve(options: ServeOptions) -> None:
     if options.batching not in SCHEDULERS:
         raise EdgecapError(f"--batching {options.batching}: choose one of {', '.join(SCHEDULERS)}")
     Captioner.from_dir(options.export, backend=options.backend, precision=options.precision)  # refuse here, in 1 line
-    start_metrics_dir(Path(tempfile.gettempdir()) / f"edgecap-serve-{options.port}")
     fork = mp.get_context("fork")  # the HTTP processes are forked from this one and share these two
     draining, in_flight = fork.Event(), fork.Value("i", 0)
 
@@ -280,12 +278,13 @@ def serve(options: ServeOptions) -> None:
             time.sleep(0.05)
         raise KeyboardInterrupt  # LitServe's own shutdown: stop the HTTP processes, then the worker
 
-    server = build_server(options, draining, in_flight)
-    signal.signal(signal.SIGTERM, drain)
-    print(json.dumps({"serving": f"http://{options.host}:{options.port}/caption", "export": str(options.export),
-                      "batching": options.batching}), flush=True)
-    try:
-        server.run(host=options.host, port=options.port, num_api_servers=1, generate_client_file=False,
-                   log_level="warning")
-    except KeyboardInterrupt:  # a second Ctrl-C, or SIGTERM during LitServe's own shutdown: already stopping
-        pass
+    with metrics_dir():
+        server = build_server(options, draining, in_flight)
+        signal.signal(signal.SIGTERM, drain)
+        print(json.dumps({"serving": f"http://{options.host}:{options.port}/caption", "export": str(options.export),
+                          "batching": options.batching}), flush=True)
+        try:
+            server.run(host=options.host, port=options.port, num_api_servers=1, generate_client_file=False,
+                       log_level="warning")
+        except KeyboardInterrupt:  # a second Ctrl-C, or SIGTERM during LitServe's own shutdown: already stopping
+            pass

@@ -3,8 +3,12 @@ separate processes, so each writes its samples to files in one folder and ``/met
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it at import: set before importing this
@@ -86,10 +90,13 @@ def exposition() -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
-def start_metrics_dir(folder: Path) -> None:
-    """Point every process the server starts at ``folder`` for its samples, emptied first (stale files would add
-    a previous run's counts)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob("*.db"):
-        stale.unlink()
+@contextlib.contextmanager
+def metrics_dir() -> Iterator[Path]:
+    """A fresh folder for every process the server starts to write its samples to, removed when the server stops:
+    an earlier run's files would add its counts, and a folder left behind per run would pile up in the temp dir."""
+    folder = Path(tempfile.mkdtemp(prefix="edgecap-serve-"))
     os.environ[METRICS_DIR_ENV] = str(folder)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -5,15 +5,18 @@ busy answers instead of waits, metrics, and a SIGTERM that drains. Runs without 
 import base64
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -40,8 +43,10 @@ class Served:
 
     def __init__(self, *flags: str):
         self.port = _free_port()
+        self.temp = Path(tempfile.mkdtemp())  # its own temp dir, to see what it leaves there
         self.process = subprocess.Popen([sys.executable, "-m", "edgecap", "serve", "--port", str(self.port), *flags],
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        env={**os.environ, "TMPDIR": str(self.temp)},
                                         start_new_session=True)  # a group of its own, as a service manager gives
         self.client = Client(f"http://127.0.0.1:{self.port}", timeout=60)
         stop = time.monotonic() + 120
@@ -56,6 +61,13 @@ class Served:
         self.process.send_signal(signal.SIGTERM)
         return self.process.communicate(timeout=60)[1]
 
+    def left_behind(self) -> list[str]:
+        """edgecap's folders the stopped server left in its temp dir (its metrics folder is to be gone; ONNX Runtime
+        keeps one small file there, overwritten, not added to), the dir then removed."""
+        left = sorted(path.name for path in self.temp.glob("edgecap-*"))
+        shutil.rmtree(self.temp)
+        return left
+
 
 @pytest.fixture(scope="module")
 def served():
@@ -63,6 +75,7 @@ def served():
     yield server
     stderr = server.close()
     assert "Traceback" not in stderr, stderr
+    assert not server.left_behind()
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +267,7 @@ def test_sigterm_answers_the_captions_in_flight_and_refuses_new_ones(whole_group
     assert all(outcome.startswith("a ") or "shutting down" in outcome for outcome, _ in outcomes), outcomes
     assert captions and max(captions) > signalled, "no caption in flight was answered after SIGTERM"
     assert not server.client.health()
+    assert not server.left_behind()
 
 
 def test_serve_refuses_a_missing_export_in_one_line(tmp_path):
